@@ -1,0 +1,199 @@
+"""The observing half of the `hostpin` command: preflight and snapshot.
+
+Library code returns data; only this module and repro.cli print. Results go to stdout,
+progress and errors to stderr. The console entry point is repro.cli:main, which adds the
+`repro` verbs to this group (diag never imports repro).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
+from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
+
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "out_option", "json_option", "open_run"]
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RateType(click.ParamType):
+    name = "RATE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_rate(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RanksType(click.ParamType):
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = None
+        if n is None or n < 1:
+            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
+        return n
+
+
+SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
+
+
+def _margin(ctx, param, value):
+    text = str(value).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct < 100:
+                raise ValueError
+        else:
+            parse_size(text)
+    except (ValueError, SizeError):
+        raise click.BadParameter(f"{value!r} is not a margin; use a percentage of MemTotal or a size, "
+                                 f"e.g. 5% or 8GiB", ctx, param)
+    return text
+
+
+def out_option(f):
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as JSON on stdout (also when it fails).")(f)
+
+
+def open_run(out: Path | None, command: str, durable: bool = False):
+    from .evidence import RunDir, new_run_dir
+    path = new_run_dir(out, command)
+    try:
+        return RunDir(path, command, sys.argv, durable=durable)
+    except OSError as exc:
+        raise click.ClickException(f"cannot create the run directory {path}: {exc.strerror}; "
+                                   "choose another with --out")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="hostpin", prog_name="hostpin")
+def cli():
+    """hostpin: preflight, reproduce and prove pinned host memory problems on NVIDIA GPU nodes.
+
+    \b
+    hostpin preflight --size 47.2GiB --ranks 2    gate a launch (exit 0 ok, 1 fail, 3 not evaluated)
+    hostpin snapshot                              capture this node's state for offline reading
+    hostpin repro register --size 47GiB           pin for real under a watchdog
+
+    Every command keeps its raw evidence in a run directory (./hostpin-runs/...).
+    """
+
+
+@cli.command()
+@click.option("--size", type=SIZE, default=None,
+              help=f"Bytes each rank will pin ({SIZE_EXAMPLE}). Without it: node state only.")
+@click.option("--ranks", type=RANKS, default=1, show_default=True, help="Ranks on this node, each pinning --size.")
+@click.option("--method", type=click.Choice(["register", "hostalloc", "mlock"]), default="register",
+              show_default=True, help="cudaHostRegister of a mapping, cudaHostAlloc, or mlock (no GPU).")
+@click.option("--thp/--no-thp", default=None,
+              help="Whether the region uses transparent huge pages (default: what the THP policy gives a madvised region).")
+@click.option("--source", type=click.Choice(["anon", "shm", "file"]), default="anon", show_default=True,
+              help="What backs the region: anonymous memory, a /dev/shm file, or a file on disk.")
+@click.option("--map", "map_", type=click.Choice(["private", "shared"]), default="private", show_default=True,
+              help="How the region is mapped.")
+@click.option("--readonly", is_flag=True, help="The launcher registers with cudaHostRegisterReadOnly.")
+@click.option("--chunk", type=SIZE, default=None, help="The launcher pins in calls of this size.")
+@click.option("--margin", default="5%", show_default=True, callback=_margin,
+              help="Memory to keep free beyond the plan: a percentage of MemTotal or a size.")
+@click.option("--root", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Evaluate a captured tree (a snapshot run directory or a dir with proc/ and sys/) offline.")
+@click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
+@click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed.")
+@click.option("--sample", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Seconds to sample the swap-in rate when swap is in use (0: do not sample).")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Skip a check by id (repeatable).")
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@json_option
+@out_option
+def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, root, no_cuda, cuda_timeout,
+              sample, skip, strict, as_json, out):
+    """Say whether this node can pin the plan now, with the reason and the remedy.
+
+    Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
+    --strict); 2: bad command line; 3: the node could not be evaluated.
+    """
+    from .checks import Plan, all_checks
+    from .preflight import run_preflight
+    from .render import render_preflight
+
+    known = {c.id for c in all_checks()}
+    for name in skip:
+        if name not in known:
+            raise click.BadParameter(f"{name!r} is not a check; use one of {', '.join(sorted(known))}",
+                                     param_hint="'--skip'")
+    if root is not None and not root.is_dir():
+        raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
+                                 param_hint="'--root'")
+    plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
+                readonly=readonly, chunk_bytes=chunk, margin=margin)
+    run = open_run(out, "preflight")
+    cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
+    result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),
+                           sample_s=sample)
+    if strict and result["status"] == "warn":
+        result["exit_code"] = EXIT_FAIL
+        result["verdict"] += " (--strict: warnings fail)"
+    run.finish(result)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(render_preflight(result))
+    return result["exit_code"]
+
+
+@cli.command()
+@click.option("--root", "root", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Copy a tree from this directory instead of the live machine.")
+@click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
+@click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
+@click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True)
+@json_option
+@out_option
+def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
+    """Capture /proc, /sys, driver and CUDA facts into a run directory, without judging.
+
+    Read it back with `hostpin preflight --root RUN_DIR`; keep it as a test fixture.
+    """
+    from .snapshot import take_snapshot
+
+    run = open_run(out, "snapshot")
+    result = take_snapshot(run, root or "/", cuda=not no_cuda, cuda_timeout=cuda_timeout, commands=not no_commands)
+    run.finish(result)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        cuda = result["cuda"]
+        click.echo(f"snapshot: {result['files']} files captured, {result['skipped']} skipped "
+                   f"(reasons in manifest.json); CUDA: {cuda['status'] + ': ' + (cuda['message'] or '') if cuda else 'not probed'}")
+        click.echo(f"evidence: {result['run_dir']}")
+        click.echo(f"read it back: hostpin preflight --root {result['run_dir']}")
+    return EXIT_OK if result["files"] else EXIT_UNEVALUATED

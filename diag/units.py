@@ -1,0 +1,101 @@
+"""Sizes and rates as people type them on a command line, and as we print them.
+
+>>> parse_size("47.2GiB")
+50680451891
+>>> format_bytes(50680451891)
+'47.2 GiB'
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "PAGE_SIZE", "KiB", "MiB", "GiB", "TiB", "SizeError", "parse_size", "parse_rate",
+    "format_bytes", "format_duration", "SIZE_EXAMPLE", "RATE_EXAMPLE",
+]
+
+PAGE_SIZE = 4096
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_EXAMPLE = "47GiB, 47.2GiB, 512MiB, 50GB or 1073741824"
+RATE_EXAMPLE = "11MB/s, 16MiB/s or 2800pages/s"
+
+
+class SizeError(ValueError):
+    """A size or rate that cannot be read; the message names the value and a good example."""
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '47GiB', '47.2GiB', '512MiB', '50GB' (SI) or plain bytes; must be > 0.
+
+    >>> parse_size("50GB"), parse_size("4096")
+    (50000000000, 4096)
+    """
+    m = _SIZE_RE.match(str(text))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise SizeError(f"{text!r} is not a size; use e.g. {SIZE_EXAMPLE}")
+    number = float(m.group(1))
+    if unit in ("", "b") and "." in m.group(1):
+        raise SizeError(f"{text!r}: plain bytes must be a whole number; use e.g. {SIZE_EXAMPLE}")
+    value = int(round(number * _UNITS[unit]))
+    if value <= 0:
+        raise SizeError(f"{text!r} is not a positive size; use e.g. {SIZE_EXAMPLE}")
+    return value
+
+
+def parse_rate(text: str) -> int:
+    """Bytes per second from '11MB/s', '16MiB/s' or '2800pages/s' (4 KiB pages).
+
+    >>> parse_rate("16MB/s"), parse_rate("2800pages/s")
+    (16000000, 11468800)
+    """
+    raw = str(text).strip()
+    low = raw.lower()
+    if low.endswith("pages/s"):
+        count = low[: -len("pages/s")].strip()
+        if not count.isdigit() or int(count) <= 0:
+            raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}")
+        return int(count) * PAGE_SIZE
+    if not low.endswith("/s"):
+        raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}")
+    try:
+        return parse_size(raw[:-2])
+    except SizeError:
+        raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}") from None
+
+
+def format_bytes(n: float | int | None, signed: bool = False) -> str:
+    """Binary units with at most one decimal: '47.2 GiB', '188 MiB', '0 B'."""
+    if n is None:
+        return "n/a"
+    sign = ""
+    if n < 0:
+        sign, n = "-", -n
+    elif signed:
+        sign = "+"
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale:
+            value = n / scale
+            text = f"{value:.1f}" if value < 100 else f"{value:.0f}"
+            return f"{sign}{text.rstrip('0').rstrip('.') if '.' in text else text} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def format_duration(seconds: float | None) -> str:
+    """'0.42 s', '25.3 s', '25 min', '3.1 h'."""
+    if seconds is None:
+        return "n/a"
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
