@@ -105,6 +105,13 @@ class RunDir:
         entry.update(extra)
         return self._record(entry)
 
+    def add_dir(self, rel: str, **extra: Any) -> dict[str, Any]:
+        """An empty directory that exists on the node (its absence would mean something else)."""
+        (self.path / rel).mkdir(parents=True, exist_ok=True)
+        return self._record({"path": rel, "kind": "dir", "source": None, "size": 0, "sha256": None,
+                             "started": _now_iso(), "duration_s": 0.0, "returncode": None, "timed_out": False,
+                             "truncated": False, "skipped": False, "reason": None, **extra})
+
     def add_json(self, rel: str, obj: Any, *, kind: str = "result", **extra: Any) -> dict[str, Any]:
         data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
         return self.add_file(rel, data, kind=kind, **extra)
@@ -220,7 +227,7 @@ def verify_manifest(run_dir: Path | str) -> list[str]:
     run_dir = Path(run_dir)
     problems = []
     for entry in load_manifest(run_dir)["entries"]:
-        if entry.get("skipped"):
+        if entry.get("skipped") or entry.get("kind") == "dir":
             continue
         path = run_dir / entry["path"]
         if not path.is_file():

@@ -33,6 +33,7 @@ SNAPSHOT_GLOBS = (
     "sys/module/memory_hotplug/parameters/*", "sys/kernel/iommu_groups/*/type",
     "proc/driver/nvidia/gpus/*/information",
 )
+LISTED_DIRS = ("sys/kernel/iommu_groups", "sys/class/iommu", "sys/devices/system/node")
 PCI_FILES = ("vendor", "device", "numa_node", "local_cpulist", "current_link_speed", "current_link_width",
              "max_link_speed", "max_link_width")
 COMMANDS = (
@@ -68,8 +69,11 @@ def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
     for unit in root.listdir("sys/class/iommu"):
         run.add_file(f"root/sys/class/iommu/{unit}", b"", kind="link",
                      target=root.readlink(f"sys/class/iommu/{unit}"))
+    for rel in LISTED_DIRS:  # an empty one says 'none here', which an absent one cannot
+        if root.exists(rel):
+            run.add_dir(f"root/{rel}", source=root.display(rel))
     for bdf in root.listdir("sys/bus/pci/devices"):
-        vendor = root.read_text(f"sys/bus/pci/devices/{bdf}/vendor", record=False)
+        vendor = root.read_fresh(f"sys/bus/pci/devices/{bdf}/vendor")
         if vendor and vendor.strip() == "0x10de":  # NVIDIA
             for name in PCI_FILES:
                 root.read_text(f"sys/bus/pci/devices/{bdf}/{name}")
