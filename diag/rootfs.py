@@ -33,6 +33,7 @@ class Root:
         self.live = self.path.resolve() == Path("/")
         self.missing: dict[str, str] = {}  # rel path -> reason
         self._cache: dict[str, str | None] = {}
+        self._captured_dirs = _captured_dirs(self.path)
 
     def __repr__(self) -> str:
         return f"Root({str(self.path)!r})"
@@ -79,7 +80,7 @@ class Root:
             return None
 
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self._abs(rel))
+        return os.path.lexists(self._abs(rel)) or rel.strip("/") in self._captured_dirs
 
     def listdir(self, rel: str) -> list[str]:
         try:
@@ -92,6 +93,20 @@ class Root:
             return os.readlink(self._abs(rel))
         except OSError:
             return None
+
+
+def _captured_dirs(path: Path) -> set[str]:
+    """Directories a snapshot saw empty: git and tar may drop them, the manifest keeps them."""
+    manifest = path.parent / "manifest.json"
+    if path.name != "root" or not manifest.is_file():
+        return set()
+    import json
+    try:
+        entries = json.loads(manifest.read_text()).get("entries", [])
+    except (OSError, ValueError):
+        return set()
+    return {e["path"][len("root/"):].strip("/") for e in entries
+            if e.get("kind") == "dir" and e.get("path", "").startswith("root/")}
 
 
 def read_bounded(path: Path | str, limit: int) -> bytes:

@@ -1,8 +1,8 @@
 """Sizes and rates as people type them on a command line, and as we print them.
 
 >>> parse_size("47.2GiB")
-50680451891
->>> format_bytes(50680451891)
+50680614093
+>>> format_bytes(50680614093)
 '47.2 GiB'
 """
 from __future__ import annotations

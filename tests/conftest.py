@@ -1,0 +1,73 @@
+"""Shared fixtures: the captured trees, a copy helper for constructed edge cases, a CLI runner."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures"
+REFERENCE = FIXTURES / "h200-reference"          # shared/reference/h200-2026-11-30, verbatim
+GPU_SNAPSHOT = FIXTURES / "h200-fc-snapshot"     # hostpin snapshot on the GPU machine (H200, 580.159.04)
+CI_SNAPSHOT = FIXTURES / "ci-vm-snapshot"        # hostpin snapshot on the CI machine (no GPU, cgroup v1)
+REPO = HERE.parent
+
+IS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A writable copy of a captured tree, for edge cases built from a real capture.
+
+    tree(GPU_SNAPSHOT) -> path of the copy's root/; write(rel, text) changes one file.
+    """
+    class Tree:
+        def __call__(self, source: Path) -> "Tree":
+            src = source / "root" if (source / "root").is_dir() else source
+            self.path = tmp_path / "root"
+            shutil.copytree(src, self.path, symlinks=False)
+            # keep the snapshot's record of empty directories next to the copy
+            if (source / "manifest.json").exists():
+                shutil.copy(source / "manifest.json", tmp_path / "manifest.json")
+            if (source / "probes").is_dir():
+                shutil.copytree(source / "probes", tmp_path / "probes")
+            return self
+
+        def write(self, rel: str, text: str) -> None:
+            target = self.path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+
+        def remove(self, rel: str) -> None:
+            target = self.path / rel
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+
+        def set_cuda(self, result: dict) -> None:
+            (tmp_path / "probes").mkdir(exist_ok=True)
+            (tmp_path / "probes" / "cuda.json").write_text(json.dumps(result))
+
+    return Tree()
+
+
+def hostpin(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real console entry point in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "repro.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+        out = tmp_path / "runs"
+        if "--out" not in args and args and args[0] in ("preflight", "snapshot"):
+            args = (*args, "--out", str(out))
+        return hostpin(*args, **kw)
+    return _run
