@@ -28,15 +28,17 @@ def tree(tmp_path):
     """
     class Tree:
         def __call__(self, source: Path) -> "Tree":
+            copy = Tree()
+            copy.base = tmp_path / f"tree{len(list(tmp_path.glob('tree*')))}"
             src = source / "root" if (source / "root").is_dir() else source
-            self.path = tmp_path / "root"
-            shutil.copytree(src, self.path, symlinks=False)
+            copy.path = copy.base / "root"
+            shutil.copytree(src, copy.path, symlinks=False)
             # keep the snapshot's record of empty directories next to the copy
             if (source / "manifest.json").exists():
-                shutil.copy(source / "manifest.json", tmp_path / "manifest.json")
+                shutil.copy(source / "manifest.json", copy.base / "manifest.json")
             if (source / "probes").is_dir():
-                shutil.copytree(source / "probes", tmp_path / "probes")
-            return self
+                shutil.copytree(source / "probes", copy.base / "probes")
+            return copy
 
         def write(self, rel: str, text: str) -> None:
             target = self.path / rel
@@ -51,8 +53,8 @@ def tree(tmp_path):
                 target.unlink()
 
         def set_cuda(self, result: dict) -> None:
-            (tmp_path / "probes").mkdir(exist_ok=True)
-            (tmp_path / "probes" / "cuda.json").write_text(json.dumps(result))
+            (self.base / "probes").mkdir(exist_ok=True)
+            (self.base / "probes" / "cuda.json").write_text(json.dumps(result))
 
     return Tree()
 
