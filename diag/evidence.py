@@ -105,6 +105,17 @@ class RunDir:
         entry.update(extra)
         return self._record(entry)
 
+    def adopt(self, rel: str, kind: str = "file", **extra: Any) -> dict[str, Any]:
+        """A file something else wrote into the run (a child's log): give it its manifest entry."""
+        path = self.path / rel
+        if not path.is_file():
+            return self.add_skip(rel, "never written", kind=kind, **extra)
+        data = path.read_bytes()
+        return self._record({"path": rel, "kind": kind, "source": None, "size": len(data),
+                             "sha256": hashlib.sha256(data).hexdigest(), "started": _now_iso(), "duration_s": 0.0,
+                             "returncode": None, "timed_out": False, "truncated": False, "skipped": False,
+                             "reason": None, **extra})
+
     def add_dir(self, rel: str, **extra: Any) -> dict[str, Any]:
         """An empty directory that exists on the node (its absence would mean something else)."""
         (self.path / rel).mkdir(parents=True, exist_ok=True)

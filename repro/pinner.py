@@ -1,0 +1,192 @@
+"""The pinning child: `python -m repro.pinner SPEC_JSON`.
+
+It maps a region, waits for the watchdog's commands, and reports every step as one JSON line
+on the events pipe (the fd number is spec["events_fd"]). Commands arrive on stdin, one word per line:
+
+    prefault   touch every page (the watchdog may have put a memory limit on us first)
+    pin        pin the region (mlock / cudaHostRegister / cudaHostAlloc), in chunks
+    quit       undo the pin, free everything, exit
+
+The child asks the kernel to SIGKILL it if the watchdog dies (PR_SET_PDEATHSIG), so it can
+never outlive the run that started it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+from .region import (Region, make_uffd_region, map_region, mlock_range, munlock_range, prefault)
+
+_events = None
+
+
+def emit(event: str, **fields) -> None:
+    fields.update(event=event, t=time.time(), pid=os.getpid())
+    _events.write(json.dumps(fields) + "\n")
+    _events.flush()
+
+
+def _pdeathsig() -> None:
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before we got here
+        os._exit(1)
+
+
+class Pinner:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.size = spec["size"]
+        self.method = spec["method"]
+        self.chunk = spec.get("chunk") or self.size
+        self.cuda = None
+        self.region: Region | None = None
+        self.host_ptr: int | None = None
+        self.pinned: list[tuple[int, int]] = []  # (addr, size) pinned so far, for the undo
+
+    # -- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        spec = self.spec
+        if self.method in ("register", "hostalloc"):
+            from .cudapin import Cuda
+            t0 = time.monotonic()
+            self.cuda = Cuda(spec.get("device", 0))
+            emit("cuda_ready", seconds=time.monotonic() - t0)
+        calibration = self.calibrate() if spec.get("calibrate") else None
+        if self.method != "hostalloc":
+            writable = spec.get("register_flags") != "readonly"
+            if spec["source"] == "uffd":
+                self.region = make_uffd_region(self.size)
+            else:
+                self.region = map_region(self.size, spec["source"], spec["map"], writable=writable, thp=spec.get("thp"))
+        emit("ready", calibration=calibration, addr=self.region.addr if self.region else None)
+
+    def calibrate(self) -> dict:
+        """This node's clean rate: a small prefaulted region pinned and unpinned the same way."""
+        size = min(self.size, self.spec.get("calibrate_bytes", 256 << 20))
+        t0 = time.monotonic()
+        if self.method == "hostalloc":
+            ptr = self.cuda.host_alloc(size)
+            seconds = time.monotonic() - t0
+            self.cuda.free_host(ptr)
+            return {"bytes": size, "seconds": seconds}
+        region = map_region(size, "anon", "private", writable=True, thp=self.spec.get("thp"))
+        try:
+            prefault(region, threads=self.spec.get("prefault_threads", 8))
+            t0 = time.monotonic()
+            if self.method == "mlock":
+                mlock_range(region.addr, size)
+                seconds = time.monotonic() - t0
+                munlock_range(region.addr, size)
+            else:
+                self.cuda.register(region.addr, size, "default")
+                seconds = time.monotonic() - t0
+                self.cuda.unregister(region.addr)
+        finally:
+            region.close()
+        return {"bytes": size, "seconds": seconds}
+
+    # -- phases ------------------------------------------------------------------------------
+    def do_prefault(self) -> None:
+        if self.region is None:
+            emit("prefault_done", skipped="cudaHostAlloc allocates its own pages")
+            return
+        emit("prefault_start")
+        result = prefault(self.region, threads=self.spec.get("prefault_threads", 8),
+                          piece=self.spec.get("prefault_piece", 256 << 20))
+        emit("prefault_done", **result)
+
+    def do_pin(self) -> None:
+        emit("pin_start", chunk=self.chunk)
+        t_start = time.monotonic()
+        chunks = []
+        offset = 0
+        try:
+            while offset < self.size:
+                piece = min(self.chunk, self.size - offset)
+                t0 = time.monotonic()
+                if self.method == "mlock":
+                    mlock_range(self.region.addr + offset, piece)
+                    self.pinned.append((self.region.addr + offset, piece))
+                elif self.method == "register":
+                    self.cuda.register(self.region.addr + offset, piece, self.spec.get("register_flags", "default"))
+                    self.pinned.append((self.region.addr + offset, piece))
+                else:
+                    ptr = self.cuda.host_alloc(piece)
+                    self.pinned.append((ptr, piece))
+                chunks.append({"offset": offset, "bytes": piece, "seconds": time.monotonic() - t0})
+                emit("chunk_done", **chunks[-1])
+                offset += piece
+            if self.spec.get("register_twice") and self.method == "register":
+                self.cuda.register(self.region.addr, min(self.chunk, self.size), self.spec.get("register_flags", "default"))
+        except Exception as exc:
+            emit("pin_failed", seconds=time.monotonic() - t_start, **_describe(exc), chunks=chunks)
+            return
+        emit("pin_done", seconds=time.monotonic() - t_start, chunks=chunks)
+
+    def undo(self) -> None:
+        t0 = time.monotonic()
+        errors = []
+        for addr, size in reversed(self.pinned):
+            try:
+                if self.method == "mlock":
+                    munlock_range(addr, size)
+                elif self.method == "register":
+                    self.cuda.unregister(addr)
+                else:
+                    self.cuda.free_host(addr)
+            except Exception as exc:
+                errors.append(str(exc))
+        self.pinned.clear()
+        if self.region is not None:
+            self.region.close()
+            self.region = None
+        emit("unpin_done", seconds=time.monotonic() - t0, errors=errors)
+
+
+def _describe(exc: BaseException) -> dict:
+    from .region import LibcError
+    out = {"error": str(exc), "type": type(exc).__name__}
+    if hasattr(exc, "code") and hasattr(exc, "call"):  # CudaError
+        out.update(call=exc.call, code=exc.code, name=exc.name)
+    elif isinstance(exc, LibcError):
+        import errno
+        out.update(call="mlock", code=exc.errno, name=errno.errorcode.get(exc.errno, str(exc.errno)))
+    return out
+
+
+def main() -> int:
+    global _events
+    _pdeathsig()
+    spec = json.loads(sys.argv[1])
+    _events = os.fdopen(spec["events_fd"], "w", buffering=1)
+    pinner = Pinner(spec)
+    try:
+        pinner.setup()
+    except Exception as exc:
+        emit("setup_failed", **_describe(exc), traceback=traceback.format_exc())
+        return 1
+    for line in sys.stdin:
+        command = line.strip()
+        try:
+            if command == "prefault":
+                pinner.do_prefault()
+            elif command == "pin":
+                pinner.do_pin()
+            elif command == "quit":
+                break
+        except Exception as exc:
+            emit("error", command=command, **_describe(exc), traceback=traceback.format_exc())
+    pinner.undo()
+    emit("exit")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Terminal output for reproductions: a live progress line, the verdict, the figures."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from tabulate import tabulate
+
+from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
+
+__all__ = ["ProgressLine", "render_result", "render_matrix"]
+
+
+class ProgressLine:
+    """One rewritten line on stderr when it is a terminal: phase, bar, rate, ETA, bound."""
+
+    def __init__(self, stream=sys.stderr, enabled: bool | None = None):
+        self.stream = stream
+        self.enabled = stream.isatty() if enabled is None else enabled
+        self._last = 0.0
+        self._t0 = time.monotonic()
+
+    def __call__(self, prog: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        phase = prog.get("phase")
+        if phase == "pin" and prog.get("pct") is not None:
+            pct = prog["pct"]
+            bar = "#" * int(pct / 5) + "-" * (20 - int(pct / 5))
+            rate = (prog.get("rate_pages_s") or 0) * PAGE_SIZE / GiB
+            eta = format_duration(prog.get("eta_s")) if prog.get("eta_s") is not None else "?"
+            text = (f"pin      [{bar}] {pct:5.1f}%  {rate:6.2f} GiB/s  ETA {eta:>7s}  bound {prog.get('bound')}"
+                    f"  ({format_duration(prog.get('elapsed_s'))})")
+        elif phase == "prefault":
+            text = f"prefault touched {format_bytes(prog.get('rss_bytes'))}  ({format_duration(time.monotonic() - self._t0)})"
+        else:
+            text = f"{phase} ..."
+        self.stream.write("\r\033[K" + text)
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def render_result(r: dict[str, Any]) -> str:
+    lines = [f"hostpin repro register: {str(r['outcome']).upper()}: {r.get('verdict')}"]
+    o = r.get("options", {})
+    if o:
+        lines.append(f"  plan: {o.get('ranks', 1)} x {format_bytes(o.get('size'))} by {o.get('method')}"
+                     f" (source {o.get('source')}/{o.get('map')}, THP {dict([(True, 'on'), (False, 'off')]).get(o.get('thp'), 'policy default')}, prefault {o.get('prefault')}"
+                     + (f", chunk {format_bytes(o['chunk'])}" if o.get("chunk") else "")
+                     + (f", swap-out {format_bytes(o['swap_out'])}" if o.get("swap_out") else "")
+                     + (f", swap-in limited to {format_bytes(o['swap_in_rate'])}/s" if o.get("swap_in_rate") else "")
+                     + ")")
+    facts = []
+    for key, label, fmt in (("seconds", "pin time", format_duration), ("rate_gib_s", "rate", lambda v: f"{v:.2f} GiB/s"),
+                            ("clean_rate_gib_s", "this node's clean rate", lambda v: f"{v:.2f} GiB/s"),
+                            ("bound", "bound", str), ("first_bound_at_s", "bound named after", lambda v: f"{v:.1f} s"),
+                            ("eta_error", "ETA at 20% vs actual", lambda v: f"{v * 100:+.0f}%"),
+                            ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
+        if r.get(key) is not None:
+            facts.append([label, fmt(r[key])])
+    if r.get("pinned_pages") is not None:
+        facts.append(["pinned (counter " + str(r.get("progress_counter")) + ")",
+                      f"{r['pinned_pages']:,} of {r['expected_pages']:,} pages"])
+    if r.get("watchdog"):
+        facts.append(["watchdog cost", f"{r['watchdog']['watchdog_cpu_pct_of_core']:.1f}% of one core"])
+    if facts:
+        lines.append("")
+        lines.append(tabulate(facts, tablefmt="plain"))
+    if len(r.get("ranks", [])) > 1 or any(rk.get("chunks") and len(rk["chunks"]) > 1 for rk in r.get("ranks", [])):
+        rows = []
+        for rk in r["ranks"]:
+            pf = rk.get("prefault") or {}
+            rows.append([rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
+                         f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "", 
+                         f"{pf.get('rate_gib_s'):.2f}" if pf.get("rate_gib_s") else "",
+                         len(rk.get("chunks") or []), format_duration(rk.get("unpin_s"))])
+        lines.append("")
+        lines.append(tabulate(rows, headers=["rank", "outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
+    for note in r.get("notes", []):
+        lines.append(f"note: {note}")
+    for step in r.get("cleanup", []):
+        if not step["ok"]:
+            lines.append(f"CLEANUP PROBLEM: {step['undo']}: {'; '.join(step['problems'])}")
+    lines.append("")
+    lines.append(f"evidence: {r['run_dir']} (timeline.jsonl, events.jsonl, stacks, manifest.json)")
+    return "\n".join(lines)
+
+
+def render_matrix(rows: list[dict[str, Any]], size: int, run_dir: str) -> str:
+    table = [[r["method"], r["thp"], r["prefault"], format_duration(r.get("seconds")),
+              f"{r['rate_gib_s']:.2f}" if r.get("rate_gib_s") else "", r["outcome"],
+              r.get("bound") or "", (r.get("verdict") or "")[:70] if r["outcome"] not in ("completed",) else ""]
+             for r in rows]
+    return (f"hostpin repro register --matrix: {format_bytes(size)} per case, one child each\n\n"
+            + tabulate(table, headers=["method", "THP", "prefault", "seconds", "GiB/s", "outcome", "bound", "note"])
+            + f"\n\nevidence: {run_dir} (cases/<case>/...)")
