@@ -116,8 +116,49 @@ class RunCgroup:
         if self.layout["version"] == 2:
             path = self.memory_dir / "memory.swap.current"
             return int(path.read_text()) if path.exists() else None
-        stat = dict(line.split() for line in (self.memory_dir / "memory.stat").read_text().splitlines())
-        return int(stat["swap"]) if "swap" in stat else None
+        return self._stat().get("swap")
+
+    def _stat(self) -> dict[str, int]:
+        out = {}
+        for line in (self.memory_dir / "memory.stat").read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                out[parts[0]] = int(parts[1])
+        return out
+
+    def _reclaim(self, amount: int) -> str:
+        if self.layout["version"] == 2:
+            path = self.memory_dir / "memory.reclaim"
+            last = None
+            for request in (f"{amount} swappiness=200", str(amount)):  # swappiness= since 6.8
+                try:
+                    _write(path, request)
+                    return request
+                except CgroupError as exc:
+                    last = exc
+            return f"{amount}: {last}"
+        target = max(1 << 20, self.usage_bytes() - amount)
+        try:
+            _write(self.memory_dir / "memory.limit_in_bytes", str(target))
+            return f"limit {target}"
+        except CgroupError as exc:  # EBUSY: it could not reclaim that far this time
+            return f"limit {target}: {exc}"
+        finally:
+            _write(self.memory_dir / "memory.limit_in_bytes", "-1")
+
+    def drop_swap_cache(self, rounds: int = 8) -> dict:
+        """Reclaim the pages of this cgroup that are written to swap but still cached, so that
+        each must be read back from the device. After writeback they sit at the tail of the
+        inactive list, so a reclaim of that size takes them first. v2: memory.reclaim (5.19+);
+        v1: a lowered memory.limit_in_bytes, whose write reclaims, lifted at once. Neither
+        OOM-kills."""
+        log = []
+        for _ in range(rounds):
+            cached = self._stat().get("swapcached", 0)
+            if cached < (1 << 20):
+                break
+            log.append(self._reclaim(cached))
+        return {"swapcached_bytes": self._stat().get("swapcached"), "steps": log}
 
     def throttle_reads(self, majmin: str, bytes_per_s: int) -> None:
         if self.layout["version"] == 1:

@@ -102,6 +102,23 @@ class Pinner:
                           piece=self.spec.get("prefault_piece", 256 << 20))
         emit("prefault_done", **result)
 
+    def do_pageout(self, amount: int) -> None:
+        """MADV_PAGEOUT on the first `amount` bytes: written to swap (they stay in the swap
+        cache until the watchdog reclaims that too)."""
+        from .region import MADV_PAGEOUT, libc
+        import ctypes as _c
+        emit("pageout_start", bytes=amount)
+        t0 = time.monotonic()
+        off, piece = 0, 64 << 20
+        while off < amount:
+            size = min(piece, amount - off)
+            if libc.madvise(self.region.addr + off, size, MADV_PAGEOUT) != 0:
+                err = _c.get_errno()
+                emit("error", command="pageout", error=f"madvise(MADV_PAGEOUT): {os.strerror(err)} (kernel >= 5.4)")
+                return
+            off += size
+        emit("pageout_done", bytes=amount, seconds=time.monotonic() - t0)
+
     def do_pin(self) -> None:
         emit("pin_start", chunk=self.chunk)
         t_start = time.monotonic()
@@ -177,6 +194,8 @@ def main() -> int:
         try:
             if command == "prefault":
                 pinner.do_prefault()
+            elif command.startswith("pageout "):
+                pinner.do_pageout(int(command.split()[1]))
             elif command == "pin":
                 pinner.do_pin()
             elif command == "quit":

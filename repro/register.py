@@ -79,8 +79,7 @@ class ReproOptions:
                 "source": self.source, "map": self.map, "thp": self.thp, "chunk": self.chunk,
                 "device": self.device, "calibrate": self.calibrate, "register_twice": self.register_twice,
                 "prefault_threads": self.prefault_threads,
-                # under a memory limit the pieces must be small, or a piece is reclaimed before it is written
-                "prefault_piece": (8 << 20) if self.swap_out else (256 << 20)}
+                "prefault_piece": 256 << 20}
 
 
 def validate(opts: ReproOptions) -> None:
@@ -114,7 +113,8 @@ def safety(opts: ReproOptions) -> dict | None:
         need = opts.swap_out * opts.ranks
         if free_swap < need * 1.05:
             return {"check": "swap", "summary": f"--swap-out needs {format_bytes(need)} of swap, the node has "
-                                                f"{format_bytes(free_swap)} free (with --make-swap)",
+                                                f"{format_bytes(free_swap)} free (counting --make-swap); "
+                                                "add or enlarge --make-swap SIZE",
                     "evidence": {"swap_free_bytes": ctx.meminfo.swap_free_bytes, "make_swap": opts.make_swap}}
     return None
 
@@ -270,12 +270,8 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
     if cal and cal.get("seconds"):
         result["clean_rate_gib_s"] = cal["bytes"] / GiB / cal["seconds"]
         result["calibration"] = cal
-    # 2. prefault, under a memory limit when the region must go to swap
+    # 2. prefault; then, for --swap-out, reclaim that much of each child's cgroup into swap
     wd.mark_region_base()
-    if opts.swap_out:
-        for c, cg in zip(children, cgroups):
-            base = cg.usage_bytes()
-            cg.set_memory_limit(base + opts.size - opts.swap_out)
     if opts.prefault or opts.swap_out:
         if opts.swap_out and not opts.prefault:
             result["notes"].append("the region was touched anyway: --swap-out needs it resident first")
@@ -287,16 +283,37 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
             _finish_early(opts, wd, children, result, stop or "prefault_error")
             return
     if opts.swap_out:
+        import threading
+        from diag.process import read_status
+        wd.phase = "swap-out"
+        for c in children:
+            c.send(f"pageout {opts.swap_out}")
+        stop = wd.wait(_all(children, "pageout_done", "error"), stall=True)
+        if stop or any(c.has("error") for c in children):
+            _finish_early(opts, wd, children, result, stop or "pageout_error")
+            return
+        outcomes: list = [None] * len(children)
+
+        def drop(i: int, cg: RunCgroup) -> None:
+            outcomes[i] = cg.drop_swap_cache()
+
+        # reclaim runs in the writing thread: keep it off the watchdog's thread
+        threads = [threading.Thread(target=drop, args=(i, cg), daemon=True) for i, cg in enumerate(cgroups)]
+        for t in threads:
+            t.start()
+        stop = wd.wait(lambda: not any(t.is_alive() for t in threads))
+        if stop:
+            _finish_early(opts, wd, children, result, stop)
+            return
         swapped = []
-        for c, cg in zip(children, cgroups):
-            from diag.process import read_status
+        for c in children:
             st = read_status(c.pid)
             swapped.append(st.vm_swap_bytes if st else None)
-            cg.set_memory_limit(None)
         result["swapped_out_bytes"] = swapped
-        if any(s is not None and s < 0.8 * opts.swap_out for s in swapped):
-            result["notes"].append(f"asked for {format_bytes(opts.swap_out)} in swap per rank, got "
-                                   + ", ".join(format_bytes(s) for s in swapped))
+        result["swap_out_steps"] = outcomes
+        if any(x is not None and x < 0.8 * opts.swap_out for x in swapped):
+            result["notes"].append(f"asked for {format_bytes(opts.swap_out)} in swap per rank, the region has "
+                                   + ", ".join(format_bytes(x) for x in swapped))
     # 3. pin, all ranks at the same moment
     wd.start_pin()
     stop = wd.wait(_all(children, "pin_done", "pin_failed", "error"), stall=True)
@@ -464,7 +481,9 @@ def _cause(opts: ReproOptions, r: dict) -> str | None:
     if bound == "swap-in":
         swapped = sum(x or 0 for x in r.get("swapped_out_bytes") or [])
         part = f"{format_bytes(swapped)} of the region was in swap and was" if swapped else "swapped pages were"
-        return f"{part} read back at {r.get('swapin_pages_per_s', 0) / 1000:,.0f}k pages/s"
+        rate = r.get("swapin_pages_per_s") or 0
+        rate_text = f"{rate / 1000:,.0f}k" if rate >= 10000 else f"{rate:,.0f}"
+        return f"{part} read back at {rate_text} pages/s"
     if bound == "fault-in/zeroing":
         return "the region was faulted in and zeroed during the pin" + ("" if opts.prefault else " (--no-prefault)")
     if bound == "compaction":

@@ -87,7 +87,10 @@ def render_result(r: dict[str, Any]) -> str:
         if not step["ok"]:
             lines.append(f"CLEANUP PROBLEM: {step['undo']}: {'; '.join(step['problems'])}")
     lines.append("")
-    lines.append(f"evidence: {r['run_dir']} (timeline.jsonl, events.jsonl, stacks, manifest.json)")
+    if r.get("watchdog"):
+        lines.append(f"evidence: {r['run_dir']} (timeline.jsonl, events.jsonl, child logs, manifest.json)")
+    else:
+        lines.append(f"evidence: {r['run_dir']} (result.json, manifest.json)")
     return "\n".join(lines)
 
 
