@@ -48,7 +48,7 @@ PY
     step "matrix 16GiB"; $HP repro register --matrix --size 16GiB --out $RUNS; echo "rc=$?"
   else
     step "swap-bound 32GiB, 12GiB swapped, unthrottled"; jrun swap32 --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-dir $SWAPDIR --deadline 240
-    step "swap-bound 32GiB, 12GiB swapped, 16MB/s"; jrun swap32t --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-in-rate 16MB/s --swap-dir $SWAPDIR --deadline 75
+    step "swap-bound 32GiB, 12GiB swapped, 16MB/s"; jrun swap32t --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-in-rate 16MB/s --swap-dir $SWAPDIR --deadline 150
   fi
   echo; echo "left: swaps:"; cat /proc/swaps; ls /sys/fs/cgroup | grep hostpin; ls $SWAPDIR | grep hostpin
 } 2>&1 | tee "$OUT/report-${1:-A}.txt"

@@ -342,6 +342,7 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
 
 
 def _finish_early(opts, wd: Watchdog, children: list[Child], result: dict, reason: str) -> None:
+    result["stopped"] = {"reason": reason, "phase": wd.phase, "at_s": round(wd.now(), 3), "progress": wd.progress}
     if reason in ("deadline", "stall"):
         result["kill"] = wd.kill_children(reason)
     else:
