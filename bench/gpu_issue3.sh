@@ -46,7 +46,14 @@ PY
     rm -f $SWAPDIR/hostpin-table.bin
     step "register twice"; jrun twice --size 64MiB --register-twice
     step "matrix 16GiB"; $HP repro register --matrix --size 16GiB --out $RUNS; echo "rc=$?"
-  else
+  fi
+  if [ "${1:-A}" = C ] || [ "${1:-A}" = BC ]; then
+    step "47GiB register thp prefault"; jrun reg47 --size 47GiB --thp --prefault --method register
+    step "47GiB hostalloc"; jrun ha47 --size 47GiB --method hostalloc
+    step "ranks 2 x 47GiB register thp"; jrun ranks2 --size 47GiB --ranks 2 --thp --prefault
+    step "watchdog cost"; python3 bench/watchdog_cost.py --threads 40
+  fi
+  if [ "${1:-A}" = B ] || [ "${1:-A}" = BC ]; then
     step "swap-bound 32GiB, 12GiB swapped, unthrottled"; jrun swap32 --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-dir $SWAPDIR --deadline 240
     step "swap-bound 32GiB, 12GiB swapped, 16MB/s"; jrun swap32t --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-in-rate 16MB/s --swap-dir $SWAPDIR --deadline 150
   fi

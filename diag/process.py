@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .rootfs import read_bounded
 
-__all__ = ["ProcStatus", "parse_status", "read_status", "read_stack", "read_wchan", "list_tasks",
+__all__ = ["ProcStatus", "parse_status", "read_status", "read_task_state", "read_stack", "read_wchan", "list_tasks",
            "parse_stack"]
 
 _BYTES = {"VmRSS": "vm_rss_bytes", "VmSwap": "vm_swap_bytes", "VmLck": "vm_lck_bytes",
@@ -91,6 +91,15 @@ def parse_stack(text: str) -> list[str]:
         sym = line.split("]", 1)[-1].strip()
         frames.append(sym.split("+", 1)[0].strip())
     return frames
+
+
+def read_task_state(pid: int, tid: int | None = None, proc: str = "/proc") -> str | None:
+    """The one-letter state from /proc/PID/task/TID/stat (cheaper than status)."""
+    text, _ = _read(_base(pid, tid, proc) / "stat")
+    if not text or ")" not in text:
+        return None
+    rest = text.rsplit(")", 1)[1].split()
+    return rest[0] if rest else None
 
 
 def read_stack(pid: int, tid: int | None = None, proc: str = "/proc") -> tuple[str | None, str | None]:

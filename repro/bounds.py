@@ -17,7 +17,7 @@ from typing import Any
 __all__ = ["BOUNDS", "stack_bound", "classify", "estimate_eta", "progress_signals", "PAGE"]
 
 PAGE = 4096
-BOUNDS = ("swap-in", "fault-in/zeroing", "compaction", "migration", "lock wait", "cpu", "unknown")
+BOUNDS = ("swap-in", "fault-in/zeroing", "compaction", "migration", "lock wait", "cpu", "driver", "unknown")
 
 # frames that say only "waiting": look further out for the reason
 _GENERIC = {"schedule", "__schedule", "io_schedule", "folio_wait_bit_common", "__folio_lock_or_retry",

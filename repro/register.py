@@ -491,6 +491,8 @@ def _cause(opts: ReproOptions, r: dict) -> str | None:
         return "huge-page faults stalled in direct compaction"
     if bound == "migration":
         return "pages were migrated out of movable/CMA memory before pinning"
+    if bound == "driver":
+        return "the kernel pinned every page quickly; the rest was the driver mapping them after pin_user_pages"
     if bound == "lock wait":
         return f"the pin waited on a lock ({r.get('bound_reason')})"
     return None

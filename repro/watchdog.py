@@ -32,12 +32,18 @@ __all__ = ["Child", "Watchdog", "spawn_child", "PROGRESS_COUNTER"]
 
 # where each method's progress is read, one unit per 4 KiB page:
 #  register:  nr_foll_pin_acquired rises by one per page pin_user_pages pins (system-wide)
-#  hostalloc: nr_free_pages falls as the driver allocates (system-wide, approximate)
+#  hostalloc: MemTotal - MemAvailable rises as the driver allocates (system-wide, approximate;
+#             not nr_free_pages, which grows on VMs that plug memory in as it is used)
 #  mlock:     the children's VmRSS above their size before the region was touched: mlock
 #             populates through the same fault path, and nr_mlock is updated in batches
-PROGRESS_COUNTER = {"register": "nr_foll_pin_acquired", "mlock": "VmRSS", "hostalloc": "nr_free_pages"}
+PROGRESS_COUNTER = {"register": "nr_foll_pin_acquired", "mlock": "VmRSS", "hostalloc": "MemTotal-MemAvailable"}
 PROGRESS = "hostpin_progress_pages"  # the per-method figure, stored in each sample's "vm"
-_MEM_KEYS = ("MemAvailable", "MemFree", "SwapFree", "SwapTotal", "Cached", "AnonHugePages", "Mlocked", "Shmem")
+_MEM_KEYS = ("MemTotal", "MemAvailable", "MemFree", "SwapFree", "SwapTotal", "Cached", "AnonHugePages", "Mlocked", "Shmem")
+
+
+def _in_use(sample: dict) -> int:
+    mem = sample.get("mem", {})
+    return (mem.get("MemTotal") or 0) - (mem.get("MemAvailable") or 0)
 
 
 class Child:
@@ -175,17 +181,20 @@ class Watchdog:
         out = {"state": st.state, "vm_rss": st.vm_rss_bytes, "vm_swap": st.vm_swap_bytes, "vm_lck": st.vm_lck_bytes,
                "threads": {}}
         for tid in process.list_tasks(child.pid, proc=self.proc_root):
-            tst = process.read_status(child.pid, tid, proc=self.proc_root)
-            th = {"tid": tid, "state": tst.state if tst else None,
-                  "wchan": process.read_wchan(child.pid, tid, proc=self.proc_root)}
-            if self.can_read_stacks:
-                text, _ = process.read_stack(child.pid, tid, proc=self.proc_root)
-                if text is not None and text != self._last_stack_text.get(tid):
-                    self._last_stack_text[tid] = text
-                    frames = process.parse_stack(text)
-                    th["frames"] = frames  # written only when the stack changed
-                    if frames:
-                        self.last_frames[tid] = frames
+            state = process.read_task_state(child.pid, tid, proc=self.proc_root)
+            th = {"tid": tid, "state": state}
+            # a thread asleep in S (futex waits, the CUDA runtime's helpers) says nothing about the
+            # pin; wchan and the kernel stack are read for the ones in D or R, and the main thread
+            if state in ("D", "R") or tid == child.pid:
+                th["wchan"] = process.read_wchan(child.pid, tid, proc=self.proc_root)
+                if self.can_read_stacks:
+                    text, _ = process.read_stack(child.pid, tid, proc=self.proc_root)
+                    if text is not None and text != self._last_stack_text.get(tid):
+                        self._last_stack_text[tid] = text
+                        frames = process.parse_stack(text)
+                        th["frames"] = frames  # written only when the stack changed
+                        if frames:
+                            self.last_frames[tid] = frames
             out["threads"][tid] = th
         return out
 
@@ -219,8 +228,9 @@ class Watchdog:
             return max(0, (rss - self.rss_base) // 4096)
         if self.pin_t is None:
             return 0
-        value = s["vm"].get(self.source_counter, 0) - self.pin_vm.get(self.source_counter, 0)
-        return max(0, -value if self.method == "hostalloc" else value)
+        if self.method == "hostalloc":
+            return max(0, (_in_use(s) - self.pin_in_use) // 4096)
+        return max(0, s["vm"].get(self.source_counter, 0) - self.pin_vm.get(self.source_counter, 0))
 
     def mark_region_base(self) -> None:
         """Call before the region is touched: the RSS the children have without it."""
@@ -239,6 +249,11 @@ class Watchdog:
             done = min(s["vm"].get(PROGRESS, 0), self.expected_pages)
             eta = estimate_eta(pin_window, PROGRESS, done, self.expected_pages)
             bound = classify(pin_window, PROGRESS, self.last_frames)
+            if self.method == "register" and done >= self.expected_pages and self.pin_running:
+                # every page is pinned but the call has not returned: the driver is building its
+                # page tables and DMA mappings for them (seen on an H200: 2.7 s of 3.3 s at 47 GiB)
+                bound = {"bound": "driver", "reason": "all pages pinned (nr_foll_pin_acquired), the call has "
+                                                      "not returned: the driver is mapping them"}
             elapsed = s["t"] - self.pin_t
             prog.update(pinned_pages=done, expected_pages=self.expected_pages,
                         pct=min(100.0, 100.0 * done / self.expected_pages) if self.expected_pages else None,
@@ -309,6 +324,7 @@ class Watchdog:
         self.phase = "pin"
         self.pin_t = self.now()
         self.pin_vm = dict(s["vm"])
+        self.pin_in_use = _in_use(s)
         self.pin_running = True
         for child in self.children:
             child.send("pin")
