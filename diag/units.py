@@ -96,6 +96,8 @@ def format_duration(seconds: float | None) -> str:
         return f"{seconds:.2f} s"
     if seconds < 120:
         return f"{seconds:.1f} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
     if seconds < 2 * 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"

@@ -270,6 +270,7 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
     if cal and cal.get("seconds"):
         result["clean_rate_gib_s"] = cal["bytes"] / GiB / cal["seconds"]
         result["calibration"] = cal
+        wd.clean_pages_s = cal["bytes"] / PAGE_SIZE / cal["seconds"] * len(children)
     # 2. prefault; then, for --swap-out, reclaim that much of each child's cgroup into swap
     wd.mark_region_base()
     if opts.prefault or opts.swap_out:
@@ -319,7 +320,7 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
     stop = wd.wait(_all(children, "pin_done", "pin_failed", "error"), stall=True)
     wd.pin_running = False
     wd.pin_end_t = wd.now()
-    wd.tick()  # the counters right after the pin
+    wd.pinned_at_end = wd.tick()["vm"].get(wd.counter, 0)  # the counters right after the pin
     if stop:
         _finish_early(opts, wd, children, result, stop)
         return
@@ -397,7 +398,8 @@ def _summarize(opts: ReproOptions, wd: Watchdog, children: list[Child], result: 
     last = wd.samples[-1] if wd.samples else {"vm": {}}
     pinned = None
     if wd.pin_t is not None:
-        pinned = min(last["vm"].get(wd.counter, 0), result["expected_pages"])
+        at_end = wd.pinned_at_end if wd.pinned_at_end is not None else last["vm"].get(wd.counter, 0)
+        pinned = min(at_end, result["expected_pages"])
     result["pinned_pages"] = pinned
     result["progress_counter"] = wd.source_counter
     done_secs = [r["seconds"] for r in ranks if r.get("outcome") == "completed" and r.get("seconds")]
@@ -492,6 +494,11 @@ def _cause(opts: ReproOptions, r: dict) -> str | None:
     if bound == "migration":
         return "pages were migrated out of movable/CMA memory before pinning"
     if bound == "driver":
+        if opts.ranks > 1 and r.get("clean_rate_gib_s"):
+            each = opts.size / GiB / r["seconds"]
+            return (f"{opts.ranks} ranks at once ran at {each:.1f} GiB/s each against {r['clean_rate_gib_s']:.1f} "
+                    "alone; the kernel pinned every page quickly and the ranks then queued in the driver while it "
+                    "mapped them (catalog 7)")
         return "the kernel pinned every page quickly; the rest was the driver mapping them after pin_user_pages"
     if bound == "lock wait":
         return f"the pin waited on a lock ({r.get('bound_reason')})"

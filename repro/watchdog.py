@@ -37,7 +37,8 @@ __all__ = ["Child", "Watchdog", "spawn_child", "PROGRESS_COUNTER"]
 #  mlock:     the children's VmRSS above their size before the region was touched: mlock
 #             populates through the same fault path, and nr_mlock is updated in batches
 PROGRESS_COUNTER = {"register": "nr_foll_pin_acquired", "mlock": "VmRSS", "hostalloc": "MemTotal-MemAvailable"}
-PROGRESS = "hostpin_progress_pages"  # the per-method figure, stored in each sample's "vm"
+PROGRESS = "hostpin_progress_pages"
+STACKS_PER_TICK = 4  # the per-method figure, stored in each sample's "vm"
 _MEM_KEYS = ("MemTotal", "MemAvailable", "MemFree", "SwapFree", "SwapTotal", "Cached", "AnonHugePages", "Mlocked", "Shmem")
 
 
@@ -161,6 +162,9 @@ class Watchdog:
         self.pin_vm: dict[str, int] = {}
         self.pin_end_t: float | None = None
         self.pin_running = False
+        self.clean_pages_s: float | None = None  # from the child's calibration, for the ETA
+        self.pinned_at_end: int | None = None    # progress right after the pin (it falls at undo)
+        self._stack_turn = 0
         self.bound_counts: dict[str, int] = {}
         self.first_bound_at: float | None = None
         self.eta_at_20: dict | None = None
@@ -180,12 +184,19 @@ class Watchdog:
             return None
         out = {"state": st.state, "vm_rss": st.vm_rss_bytes, "vm_swap": st.vm_swap_bytes, "vm_lck": st.vm_lck_bytes,
                "threads": {}}
-        for tid in process.list_tasks(child.pid, proc=self.proc_root):
-            state = process.read_task_state(child.pid, tid, proc=self.proc_root)
-            th = {"tid": tid, "state": state}
-            # a thread asleep in S (futex waits, the CUDA runtime's helpers) says nothing about the
-            # pin; wchan and the kernel stack are read for the ones in D or R, and the main thread
-            if state in ("D", "R") or tid == child.pid:
+        tasks = process.list_tasks(child.pid, proc=self.proc_root)
+        states = {tid: process.read_task_state(child.pid, tid, proc=self.proc_root) for tid in tasks}
+        # wchan and the kernel stack for the main thread and at most STACKS_PER_TICK busy (D or R)
+        # threads, taking turns: a 16-thread prefault must not make the watchdog expensive, and a
+        # thread asleep in S (futex waits, the CUDA runtime's helpers) says nothing about the pin
+        busy = [tid for tid in tasks if states[tid] in ("D", "R") and tid != child.pid]
+        if len(busy) > STACKS_PER_TICK:
+            start = self._stack_turn % len(busy)
+            busy = (busy[start:] + busy[:start])[:STACKS_PER_TICK]
+        watched = set(busy) | {child.pid}
+        for tid in tasks:
+            th = {"tid": tid, "state": states[tid]}
+            if tid in watched:
                 th["wchan"] = process.read_wchan(child.pid, tid, proc=self.proc_root)
                 if self.can_read_stacks:
                     text, _ = process.read_stack(child.pid, tid, proc=self.proc_root)
@@ -238,6 +249,7 @@ class Watchdog:
 
     def tick(self) -> dict:
         self._last_tick_mono = time.monotonic()
+        self._stack_turn += 1
         s = self.sample()
         self.samples.append(s)
         if len(self.samples) > 4000:  # keep memory bounded on long runs; the timeline file has all
@@ -247,7 +259,7 @@ class Watchdog:
         if self.phase == "pin" and self.pin_t is not None:
             pin_window = [x for x in window if x["t"] >= self.pin_t - 1e-9] or window[-1:]
             done = min(s["vm"].get(PROGRESS, 0), self.expected_pages)
-            eta = estimate_eta(pin_window, PROGRESS, done, self.expected_pages)
+            eta = estimate_eta(pin_window, PROGRESS, done, self.expected_pages, self.clean_pages_s)
             bound = classify(pin_window, PROGRESS, self.last_frames)
             if self.method == "register" and done >= self.expected_pages and self.pin_running:
                 # every page is pinned but the call has not returned: the driver is building its

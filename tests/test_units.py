@@ -36,3 +36,4 @@ def test_format():
     assert format_bytes(2 * MiB, signed=True) == "+2 MiB"
     assert format_duration(1500) == "25 min"
     assert format_duration(25.3) == "25.3 s"
+    assert format_duration(150) == "2.5 min"
