@@ -53,6 +53,14 @@ PY
     step "ranks 2 x 47GiB register thp"; jrun ranks2 --size 47GiB --ranks 2 --thp --prefault
     step "watchdog cost"; python3 bench/watchdog_cost.py --threads 40
   fi
+  if [ "${1:-A}" = D ]; then
+    step "ranks 2 x 47GiB register thp"; jrun ranks2 --size 47GiB --ranks 2 --thp --prefault
+    step "47GiB hostalloc"; jrun ha47 --size 47GiB --method hostalloc
+    step "watchdog cost"; python3 bench/watchdog_cost.py --threads 40
+    step "swap-bound 32GiB, 12GiB swapped, unthrottled"; jrun swap32 --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-dir $SWAPDIR --deadline 240
+    step "swap-bound 32GiB, 12GiB swapped, 16MB/s"; jrun swap32t --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-in-rate 16MB/s --swap-dir $SWAPDIR --deadline 60
+    python3 -c "import json; r=json.load(open('$RUNS/swap32t.json')); print('stopped:', r.get('stopped'))"
+  fi
   if [ "${1:-A}" = B ] || [ "${1:-A}" = BC ]; then
     step "swap-bound 32GiB, 12GiB swapped, unthrottled"; jrun swap32 --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-dir $SWAPDIR --deadline 240
     step "swap-bound 32GiB, 12GiB swapped, 16MB/s"; jrun swap32t --size 32GiB --thp --make-swap 24GiB --swap-out 12GiB --swap-in-rate 16MB/s --swap-dir $SWAPDIR --deadline 150
