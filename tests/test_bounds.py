@@ -88,3 +88,62 @@ def test_classify_other_bounds_from_stacks():
     assert classify(window(["migrate_pages", "migrate_longterm_unpinnable_folios", "__gup_longterm_locked"], {"p": 0}), "p")["bound"] == "migration"
     assert classify(window(["__get_user_pages", "pin_user_pages"], {"p": 5000}), "p")["bound"] == "cpu"
     assert classify(window(["handle_userfault"], {"p": 0}), "p")["bound"] == "unknown"
+
+
+# -- our own watchdog's timelines, recorded on the GPU machine and the CI machine -------------------
+from pathlib import Path  # noqa: E402
+
+from conftest import FIXTURES  # noqa: E402
+
+RECORDED = ["h200-repro-swap32", "ci-repro-swap-mlock"]
+
+
+def _recorded(name):
+    run = FIXTURES / name
+    result = json.loads((run / "result.json").read_text())
+    samples = [json.loads(l) for l in (run / "timeline.jsonl").read_text().splitlines()]
+    return result, samples
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_recorded_swap_bound_runs_replay_to_the_same_bound_and_eta(name):
+    """Replay a real timeline through the classifier and the ETA model as they are now: the
+    bound must be swap-in within 5 s, and the ETA at 20% within 25% of the recorded end."""
+    result, samples = _recorded(name)
+    expected = result["expected_pages"]
+    pin = [s for s in samples if s["phase"] == "pin"]
+    pin_t = pin[0]["t"]
+    cal = result["calibration"]
+    clean = cal["bytes"] / 4096 / cal["seconds"]
+    last_frames, seen, named_at, eta_checked = {}, [], None, False
+    for s in pin:
+        for p in s["procs"].values():
+            for tid, th in p["threads"].items():
+                if th.get("frames"):
+                    last_frames[int(tid)] = th["frames"]
+        seen.append(s)
+        window = [x for x in seen if x["t"] >= s["t"] - 2.0]
+        done = s["vm"]["hostpin_progress_pages"]
+        c = classify(window, "hostpin_progress_pages", last_frames)
+        if named_at is None and c["bound"] != "unknown":
+            named_at = s["t"] - pin_t
+            assert c["bound"] == "swap-in", c
+        e = estimate_eta(window, "hostpin_progress_pages", done, expected, clean)
+        if not eta_checked and done >= 0.2 * expected and e["eta_s"] is not None:
+            predicted = s["t"] - pin_t + e["eta_s"]
+            assert abs(predicted - result["seconds"]) / result["seconds"] <= 0.25
+            eta_checked = True
+    assert named_at is not None and named_at <= 5.0 and eta_checked
+    assert result["outcome"] == "slow" and result["bound"] == "swap-in"
+
+
+def test_recorded_throttled_run_was_killed_with_evidence():
+    run = FIXTURES / "h200-repro-swap32-throttled"
+    result = json.loads((run / "result.json").read_text())
+    assert result["outcome"] == "killed" and result["stopped"]["reason"] == "deadline"
+    stacks = (run / result["kill"]["stacks"]).read_text()
+    assert "do_swap_page" in stacks and "os_lock_user_pages" in stacks  # the driver's pin, in swap-in
+    # the ETA at the kill agrees with the physics of the throttle: pages left / 16 MB/s
+    progress = result["stopped"]["progress"]
+    physics = progress["swap_pages_left"] * 4096 / 16e6
+    assert abs(progress["eta_s"] - physics) / physics < 0.1
