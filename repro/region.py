@@ -89,7 +89,8 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
     elif source.startswith("file:"):
         path = source[5:]
         exists = os.path.exists(path)
-        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | (0 if exists else os.O_CREAT), 0o600)
+        unlink = not exists  # a file this run created is removed with the region; the user's is kept
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if (writable or not exists) else os.O_RDONLY, 0o600)
         if not exists or os.fstat(fd).st_size < size:
             if not writable:
                 raise LibcError(errno.EINVAL, f"{path} is smaller than the region and the mapping is read-only")

@@ -81,6 +81,11 @@ def render_result(r: dict[str, Any]) -> str:
                          len(rk.get("chunks") or []), format_duration(rk.get("unpin_s"))])
         lines.append("")
         lines.append(tabulate(rows, headers=["rank", "outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
+    for rk in r.get("ranks", []):
+        chunks = rk.get("chunks") or []
+        if len(chunks) > 1:
+            times = ", ".join(f"{c['seconds']:.2f}" for c in chunks[:32]) + (" ..." if len(chunks) > 32 else "")
+            lines.append(f"rank {rk['rank']} chunks of {format_bytes(chunks[0]['bytes'])}, seconds each: {times}")
     for note in r.get("notes", []):
         lines.append(f"note: {note}")
     for step in r.get("cleanup", []):

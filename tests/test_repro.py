@@ -196,3 +196,55 @@ def test_cleanup_after_a_signal(tmp_path, sig):
     assert all(step["ok"] for step in res["cleanup"]), res["cleanup"]
     assert not Path(f"/proc/{child_pid}").exists()
     assert_nothing_left(res["run_dir"])
+
+
+@needs_root
+def test_an_unkillable_child_is_reported_and_the_run_still_finishes(tmp_path):
+    """A real child that SIGKILL cannot end: frozen in a cgroup v1 freezer, a task stays (in D
+    state) until it is thawed. The watchdog must say so with its stack and still finish."""
+    freezer = Path("/sys/fs/cgroup/freezer")
+    if not (freezer / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 freezer on this machine (v2 freezes killably)")
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "repro", "register", "--json", "--out", str(out),
+                             "--size", "64MiB", "--method", "mlock", "--source", "uffd", "--no-prefault",
+                             "--no-calibrate", "--stall-after", "2", "--deadline", "120"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    fz = freezer / f"hostpin-test-{os.getpid()}"
+    child_pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and child_pid is None:
+            for events in out.glob("*/events.jsonl"):
+                text = events.read_text()
+                if "pin_start" in text:
+                    child_pid = json.loads(text.splitlines()[0])["pid"]
+            time.sleep(0.05)
+        assert child_pid, "the run never reached its pin"
+        fz.mkdir()
+        (fz / "cgroup.procs").write_text(str(child_pid))
+        (fz / "freezer.state").write_text("FROZEN")
+        stdout, stderr = proc.communicate(timeout=120)
+        res = json.loads(stdout)
+        assert proc.returncode == 1, stderr
+        assert res["outcome"] == "unkillable" and "still alive after SIGKILL" in res["verdict"]
+        assert Path(res["run_dir"], res["kill"]["unkillable_stacks"]).exists()
+        problems = [p for step in res["cleanup"] for p in step["problems"]]
+        assert any("unkillable" in p for p in problems)
+        assert Path(f"/proc/{child_pid}").exists()  # it really is still there
+    finally:
+        if fz.exists():
+            (fz / "freezer.state").write_text("THAWED")
+            end = time.monotonic() + 10
+            while child_pid and Path(f"/proc/{child_pid}/status").exists() and time.monotonic() < end:
+                if "Z (zombie)" in Path(f"/proc/{child_pid}/status").read_text():
+                    break
+                time.sleep(0.05)
+            for _ in range(50):
+                try:
+                    fz.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
