@@ -123,6 +123,9 @@ def cli():
 @click.option("--chunk", type=SIZE, default=None, help="The launcher pins in calls of this size.")
 @click.option("--margin", default="5%", show_default=True, callback=_margin,
               help="Memory to keep free beyond the plan: a percentage of MemTotal or a size.")
+@click.option("--reserve", type=SIZE, default=None,
+              help="More memory each rank needs beyond its table, e.g. the staging memory that "
+                   "`hostpin repro staging` measured for copies from pageable buffers.")
 @click.option("--root", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Evaluate a captured tree (a snapshot run directory or a dir with proc/ and sys/) offline.")
 @click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
@@ -134,8 +137,8 @@ def cli():
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @json_option
 @out_option
-def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, root, no_cuda, cuda_timeout,
-              sample, skip, strict, as_json, out):
+def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
+              cuda_timeout, sample, skip, strict, as_json, out):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
@@ -154,7 +157,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
                                  param_hint="'--root'")
     plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
-                readonly=readonly, chunk_bytes=chunk, margin=margin)
+                readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0)
     run = open_run(out, "preflight")
     cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
     result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),

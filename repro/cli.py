@@ -113,6 +113,52 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
     return result["exit_code"]
 
 
+@repro.command("staging")
+@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--bytes", "nbytes", type=SIZE, default="3GiB", show_default=True, help="Bytes per burst.")
+@click.option("--threads", type=click.IntRange(min=1, max=1024), default=24, show_default=True,
+              help="Concurrent copies each burst is split over.")
+@click.option("--direction", type=click.Choice(["h2d", "d2h", "both"]), default="h2d", show_default=True)
+@click.option("--bursts", type=click.IntRange(min=1, max=100), default=2, show_default=True,
+              help="Bursts of each side per repeat.")
+@click.option("--order", type=click.Choice(["alternate", "pageable-first", "pinned-first"]), default="alternate",
+              show_default=True, help="alternate is ABBA: neither side is favoured by going first.")
+@click.option("--repeat", type=click.IntRange(min=1, max=100), default=3, show_default=True,
+              help="Repeats, each in a fresh process with its own CUDA context.")
+@click.option("--hold", "hold_s", type=click.IntRange(min=0, max=3600), default=0, show_default=True,
+              help="Seconds to keep watching after the last burst: is the memory returned over time?")
+@click.option("--samples", type=click.IntRange(min=1, max=50), default=5, show_default=True,
+              help="Readings of the memory counters per step (their median is used).")
+@click.option("--force", is_flag=True, help="Run even when MemAvailable is below a burst plus 1 GiB.")
+@json_option
+@out_option
+def staging_cmd(device, nbytes, threads, direction, bursts, order, repeat, hold_s, samples, force, as_json, out):
+    """Host memory left behind by copies from pageable memory, against pinned memory.
+
+    Bursts of --threads concurrent copies of --bytes from pageable buffers and from pinned
+    (cudaHostAlloc) buffers; after each, the buffers are freed and the allocator trimmed, and
+    the memory in use (MemTotal - MemAvailable) is compared with the process's RSS: what no
+    process counter shows is the driver's staging memory. Exit code 0: measured; 1: every
+    repeat failed; 3: no GPU; 4: refused.
+    """
+    import json as _json
+
+    from diag.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_REFUSED
+    from .staging import StagingOptions, run_staging
+    from .render import render_staging
+
+    opts = StagingOptions(bytes=nbytes, threads=threads, direction=direction, bursts=bursts, order=order,
+                          repeat=repeat, hold_s=hold_s, device=device, samples=samples, force=force)
+    run = open_run(out, "repro-staging")
+    progress = (lambda text: click.echo(f"hostpin repro staging: {text}", err=True)) if sys.stderr.isatty() else None
+    result = run_staging(opts, run, progress=progress)
+    result["exit_code"] = {"completed": EXIT_OK, "refused": EXIT_REFUSED,
+                           "unevaluated": EXIT_UNEVALUATED}.get(result["outcome"], EXIT_FAIL)
+    run.finish(result)
+    click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_staging(result))
+    return result["exit_code"]
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)

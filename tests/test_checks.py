@@ -37,6 +37,14 @@ def test_headroom_pass_warn_fail_on_the_gpu_snapshot():
     assert "do not count pages pinned by the NVIDIA driver" in c["evidence"]["note"]
 
 
+def test_headroom_reserve_per_rank_counts():
+    """--reserve: the staging memory measured by repro staging, set aside per rank."""
+    st, c = status(GPU_SNAPSHOT, "headroom", size_bytes=int(55 * G), ranks=2)
+    assert st == PASS
+    st, c = status(GPU_SNAPSHOT, "headroom", size_bytes=int(55 * G), ranks=2, reserve_bytes=5 * G)
+    assert st == WARN and c["evidence"]["reserve_bytes"] == 10 * G and "+ 10 GiB reserved" in c["summary"]
+
+
 def test_headroom_without_a_size_reports_what_fits():
     st, c = status(GPU_SNAPSHOT, "headroom")
     assert st == PASS and "can be pinned now" in c["summary"]

@@ -76,6 +76,7 @@ class Plan:
     readonly: bool = False
     chunk_bytes: int | None = None   # per-call size when the launcher registers in pieces
     margin: str = "5%"               # of MemTotal, or a size
+    reserve_bytes: int = 0           # per rank, beyond the table (e.g. measured staging memory)
 
     @property
     def total_bytes(self) -> int | None:

@@ -45,10 +45,12 @@ def headroom(ctx: Context) -> Verdict:
                              f"({binding_name} {format_bytes(binding)})", evidence=ev)
     need = plan.total_bytes
     table = plan.total_bytes // PAGE_SIZE * DRIVER_TABLE_BYTES_PER_PAGE if plan.method == "register" else 0
-    need_all = need + table
-    ev.update(need_bytes=need, driver_table_bytes=table, need_with_tables_bytes=need_all)
-    per_rank_fit = max(0, (binding - margin) // plan.ranks - (table // plan.ranks))
-    head = f"need {format_bytes(need_all)} ({plan.describe()}) against {binding_name} {format_bytes(binding)}"
+    reserve = plan.reserve_bytes * plan.ranks
+    need_all = need + table + reserve
+    ev.update(need_bytes=need, driver_table_bytes=table, reserve_bytes=reserve, need_with_tables_bytes=need_all)
+    per_rank_fit = max(0, (binding - margin) // plan.ranks - (table + reserve) // plan.ranks)
+    extra = f" + {format_bytes(reserve)} reserved" if reserve else ""
+    head = f"need {format_bytes(need_all)} ({plan.describe()}{extra}) against {binding_name} {format_bytes(binding)}"
     if need_all > binding:
         remedy = (f"free {format_bytes(need_all + margin - binding)} or shrink the plan: at most "
                   f"{format_bytes(per_rank_fit)} per rank fits with the margin")
