@@ -156,9 +156,13 @@ def verdict(summary: dict) -> str:
             continue
         head = (f"{side} copies left {_mib(h['median'])} (median of {n}, range {_range(h)}) of host memory that no "
                 "process counter shows")
-        if not significant(h["median"], noise):
-            head = (f"{side} copies left {_mib(h['median'], True)} (median of {n}, range {_range(h)}), within this "
-                    f"node's noise of ±{_mib(noise)}")
+        if significant(h["median"], noise) and h["median"] < 0:
+            # seen on an H200: a pinned burst after pageable ones releases the staging they left
+            head = (f"{side} bursts gave back {_mib(-h['median'])} (median of {n}, range {_range(h)}): memory that "
+                    "earlier bursts had left behind was released")
+        elif not significant(h["median"], noise):
+            head = (f"{side} copies left {_mib(h['median'], True)} (median of {n}, range {_range(h)}), within the "
+                    f"noise (this node moved ±{_mib(noise)} on its own; an effect must exceed twice that)")
         parts.append(head)
     sentence = "; ".join(parts)
     reset = summary["after_reset_vs_baseline_bytes"]["median"]

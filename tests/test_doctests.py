@@ -5,7 +5,8 @@ import importlib
 import pytest
 
 MODULES = ["diag.units", "diag.meminfo", "diag.vmstat", "diag.buddyinfo", "diag.zoneinfo", "diag.swap",
-           "diag.psi", "diag.kernel", "diag.thp", "diag.limits", "diag.cgroup", "diag.nvidia", "diag.process"]
+           "diag.psi", "diag.kernel", "diag.thp", "diag.limits", "diag.cgroup", "diag.nvidia", "diag.process",
+           "repro.staging"]
 
 
 @pytest.mark.parametrize("name", MODULES)
