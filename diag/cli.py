@@ -7,6 +7,7 @@ progress and errors to stderr. The console entry point is repro.cli:main, which 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -126,8 +127,9 @@ def cli():
 @click.option("--reserve", type=SIZE, default=None,
               help="More memory each rank needs beyond its table, e.g. the staging memory that "
                    "`hostpin repro staging` measured for copies from pageable buffers.")
-@click.option("--root", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Evaluate a captured tree (a snapshot run directory or a dir with proc/ and sys/) offline.")
+@click.option("--root", "root", type=click.Path(path_type=Path), default=None,
+              help="Evaluate a captured tree offline: a snapshot run directory, its bundle (.tar.gz), "
+                   "or a directory with proc/ and sys/.")
 @click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
 @click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True,
               help="Seconds before a hung CUDA probe is killed.")
@@ -135,10 +137,12 @@ def cli():
               help="Seconds to sample the swap-in rate when swap is in use (0: do not sample).")
 @click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Skip a check by id (repeatable).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the figures in node_exporter's textfile format to this file (atomically).")
 @json_option
 @out_option
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
-              cuda_timeout, sample, skip, strict, as_json, out):
+              cuda_timeout, sample, skip, strict, prometheus, as_json, out):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
@@ -153,6 +157,14 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         if name not in known:
             raise click.BadParameter(f"{name!r} is not a check; use one of {', '.join(sorted(known))}",
                                      param_hint="'--skip'")
+    opened = None
+    if root is not None and root.is_file():
+        from .runs import RunError, open_run_path
+        try:
+            opened = open_run_path(root)  # a bundle: unpacked to a temporary directory
+        except RunError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--root'") from None
+        root = opened.path
     if root is not None and not root.is_dir():
         raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
                                  param_hint="'--root'")
@@ -160,11 +172,22 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0)
     run = open_run(out, "preflight")
     cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
-    result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),
-                           sample_s=sample)
+    try:
+        result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),
+                               sample_s=sample)
+    finally:
+        if opened is not None:
+            opened.close()
     if strict and result["status"] == "warn":
         result["exit_code"] = EXIT_FAIL
         result["verdict"] += " (--strict: warnings fail)"
+    if prometheus is not None:
+        import time as _time
+        from .prometheus import write_textfile
+        try:
+            result["prometheus"] = str(write_textfile(result, prometheus, _time.time()))
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {prometheus}: {exc.strerror}")
     run.finish(result)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
@@ -200,3 +223,99 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
         click.echo(f"evidence: {result['run_dir']}")
         click.echo(f"read it back: hostpin preflight --root {result['run_dir']}")
     return EXIT_OK if result["files"] else EXIT_UNEVALUATED
+
+
+def _open(path: str):
+    from .runs import RunError, open_run_path
+    try:
+        return open_run_path(path)
+    except RunError as exc:
+        raise click.BadParameter(str(exc), param_hint="RUN") from None
+
+
+@cli.command()
+@click.argument("run_path", metavar="RUN")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "text"]), default="markdown", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the report here (default: stdout; report.md is also kept in a run directory).")
+@click.option("--no-picture", is_flag=True, help="Do not draw the timeline picture of a pin run.")
+def report(run_path, fmt, output, no_picture):
+    """Render a run (a directory or a bundle) for a bug report: verdict first, facts, tables,
+    the key kernel stack, raw evidence in collapsed sections; a pin run also gets timeline.png
+    (with matplotlib: pip install 'hostpin[plot]')."""
+    from .evidence import register_file
+    from .plot import PlotUnavailable, timeline_png
+    from .report import render_report
+
+    run = _open(run_path)
+    try:
+        picture = None
+        writable_run = run._tmp is None and os.access(run.path, os.W_OK)
+        if run.command == "repro register" and not no_picture:
+            samples = run.read_jsonl("timeline.jsonl")
+            target = (run.path / "timeline.png") if writable_run else (output.parent if output else Path(".")) / "timeline.png"
+            try:
+                timeline_png(samples, target, title=run.result.get("verdict") or "")
+                picture = "timeline.png"
+                if writable_run:
+                    register_file(run.path, "timeline.png", "picture")
+            except PlotUnavailable as exc:
+                click.echo(f"hostpin: note: {exc}", err=True)
+        text = render_report(run, fmt=fmt, picture=picture)
+        if output:
+            output.write_text(text)
+            click.echo(f"report: {output}", err=True)
+        else:
+            click.echo(text)
+        if writable_run and fmt == "markdown":
+            (run.path / "report.md").write_text(text)
+            register_file(run.path, "report.md", "report")
+    finally:
+        run.close()
+    return EXIT_OK
+
+
+@cli.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The .tar.gz to write (default: RUN_DIR's name + .tar.gz here).")
+@click.option("--redact", is_flag=True, help="Replace host names, IP/MAC addresses, user names, serials and UUIDs "
+                                             "with tokens (listed in redactions.json in the bundle).")
+@json_option
+def bundle(run_dir, output, redact, as_json):
+    """Pack a run into one verified .tar.gz to attach (every sha256 checked first, no links followed)."""
+    from .bundle import BundleError, make_bundle
+    try:
+        result = make_bundle(run_dir, output, redact=redact)
+    except BundleError as exc:
+        raise click.ClickException(str(exc))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"bundle: {result['bundle']} ({result['files']} files, {result['bytes']:,} bytes, every file "
+                   f"verified against the manifest{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
+    return EXIT_OK
+
+
+@cli.command()
+@click.argument("runs", metavar="RUN_A RUN_B [RUN_C ...]", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["markdown", "text"]), default="text", show_default=True)
+@json_option
+def compare(runs, fmt, as_json):
+    """Runs or nodes side by side: what differs first (verdicts, kernel, driver, THP, swap and
+    swap-in rate, free order-9 memory, headroom, pin times and rates), equal facts folded."""
+    from .compare import comparison_rows, render_compare
+    if len(runs) < 2:
+        raise click.BadParameter("give at least two runs, e.g. hostpin compare hostpin-runs/A hostpin-runs/B",
+                                 param_hint="RUN")
+    opened = [_open(r) for r in runs]
+    try:
+        if as_json:
+            differ, equal = comparison_rows(opened)
+            click.echo(json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2))
+        else:
+            click.echo(render_compare(opened, fmt=fmt))
+    finally:
+        for r in opened:
+            r.close()
+    return EXIT_OK

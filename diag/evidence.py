@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunDir", "new_run_dir", "MAX_FILE_BYTES", "load_manifest", "verify_manifest"]
+__all__ = ["RunDir", "new_run_dir", "MAX_FILE_BYTES", "load_manifest", "verify_manifest", "register_file"]
 
 MAX_FILE_BYTES = 8 << 20  # a /proc or /sys file larger than this is cut and marked truncated
 
@@ -237,7 +237,10 @@ def verify_manifest(run_dir: Path | str) -> list[str]:
     """Problems found: files whose size or sha256 differ from the manifest, or that are missing."""
     run_dir = Path(run_dir)
     problems = []
+    latest: dict[str, dict] = {}
     for entry in load_manifest(run_dir)["entries"]:
+        latest[entry["path"]] = entry  # a path written twice: the last write is what is on disk
+    for entry in latest.values():
         if entry.get("skipped") or entry.get("kind") == "dir":
             continue
         path = run_dir / entry["path"]
@@ -248,3 +251,24 @@ def verify_manifest(run_dir: Path | str) -> list[str]:
         if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             problems.append(f"{entry['path']}: content differs from the manifest")
     return problems
+
+
+def register_file(run_dir: Path | str, rel: str, kind: str) -> dict[str, Any]:
+    """Add a file written into a finished run (a report, its picture) to the run's manifest,
+    replacing an older entry for the same path, so that the manifest still covers everything."""
+    run_dir = Path(run_dir)
+    data = (run_dir / rel).read_bytes()
+    entry = {"path": rel, "kind": kind, "source": None, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+             "started": _now_iso(), "duration_s": 0.0, "returncode": None, "timed_out": False, "truncated": False,
+             "skipped": False, "reason": None, "added_after_run": True}
+    manifest = load_manifest(run_dir)
+    manifest["entries"] = [e for e in manifest["entries"] if e.get("path") != rel] + [entry]
+    tmp = run_dir / "manifest.json.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, run_dir / "manifest.json")
+    with open(run_dir / "manifest.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    return entry

@@ -116,6 +116,8 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
     result["status"] = status
     result["exit_code"] = EXIT_FAIL if status == FAIL else EXIT_OK
     result["verdict"] = _verdict(plan, results, status)
+    from .facts import node_facts
+    result["facts"] = node_facts(root)
     if ctx.cuda is not None:
         result["cuda"] = {k: ctx.cuda.get(k) for k in ("status", "message", "driver_version", "duration_s")}
     result["duration_s"] = round(time.monotonic() - t0, 3)

@@ -33,7 +33,7 @@ class Root:
         self.live = self.path.resolve() == Path("/")
         self.missing: dict[str, str] = {}  # rel path -> reason
         self._cache: dict[str, str | None] = {}
-        self._captured_dirs = _captured_dirs(self.path)
+        self._captured_dirs, self._captured_absent = _captured_listing(self.path)
 
     def __repr__(self) -> str:
         return f"Root({str(self.path)!r})"
@@ -82,6 +82,14 @@ class Root:
     def exists(self, rel: str) -> bool:
         return os.path.lexists(self._abs(rel)) or rel.strip("/") in self._captured_dirs
 
+    def known_absent(self, rel: str) -> bool:
+        """True when the file is known not to exist on the node: live and absent, or a capture
+        whose manifest says it was absent."""
+        rel = rel.strip("/")
+        if self.live:
+            return not os.path.lexists(self._abs(rel))
+        return rel in self._captured_absent
+
     def listdir(self, rel: str) -> list[str]:
         try:
             return sorted(os.listdir(self._abs(rel)))
@@ -95,18 +103,27 @@ class Root:
             return None
 
 
-def _captured_dirs(path: Path) -> set[str]:
-    """Directories a snapshot saw empty: git and tar may drop them, the manifest keeps them."""
+def _captured_listing(path: Path) -> tuple[set[str], set[str]]:
+    """From a run's manifest: directories the capture saw empty (git and tar may drop them), and
+    files it found absent on the node (which a reader can then tell from 'not captured')."""
     manifest = path.parent / "manifest.json"
     if path.name != "root" or not manifest.is_file():
-        return set()
+        return set(), set()
     import json
     try:
         entries = json.loads(manifest.read_text()).get("entries", [])
     except (OSError, ValueError):
-        return set()
-    return {e["path"][len("root/"):].strip("/") for e in entries
-            if e.get("kind") == "dir" and e.get("path", "").startswith("root/")}
+        return set(), set()
+    dirs, absent = set(), set()
+    for e in entries:
+        rel = e.get("path", "")
+        if not rel.startswith("root/"):
+            continue
+        if e.get("kind") == "dir":
+            dirs.add(rel[len("root/"):].strip("/"))
+        elif e.get("skipped") and e.get("reason") == "absent":
+            absent.add(rel[len("root/"):].strip("/"))
+    return dirs, absent
 
 
 def read_bounded(path: Path | str, limit: int) -> bytes:

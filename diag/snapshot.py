@@ -21,7 +21,7 @@ __all__ = ["SNAPSHOT_FILES", "SNAPSHOT_GLOBS", "take_snapshot"]
 SNAPSHOT_FILES = (
     "proc/meminfo", "proc/vmstat", "proc/buddyinfo", "proc/pagetypeinfo", "proc/zoneinfo", "proc/swaps",
     "proc/pressure/memory", "proc/pressure/io", "proc/pressure/cpu", "proc/version", "proc/cmdline",
-    "proc/sys/kernel/osrelease", "proc/uptime", "proc/loadavg", "proc/self/limits", "proc/self/status",
+    "proc/sys/kernel/osrelease", "proc/sys/kernel/hostname", "proc/uptime", "proc/loadavg", "proc/self/limits", "proc/self/status",
     "proc/self/cgroup", "proc/self/mountinfo", "proc/driver/nvidia/version", "proc/driver/nvidia/params",
     "proc/driver/nvidia/registry", "sys/devices/system/memory/auto_online_blocks",
     "sys/devices/system/memory/block_size_bytes", "sys/devices/system/node/online",
@@ -92,6 +92,8 @@ def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
         run.add_skip("probes/cuda.json", "CUDA probe off (--no-cuda)", kind="probe")
     files = [e for e in run.entries if e["path"].startswith("root/") and not e["skipped"]]
     skipped = [e for e in run.entries if e["skipped"]]
+    cuda_text = "not probed" if cuda_result is None else f"{cuda_result.get('status')}: {cuda_result.get('message')}"
     return {"tool": "hostpin", "command": "snapshot", "root": str(root.path), "live": root.live,
-            "run_dir": str(run.path), "files": len(files), "skipped": len(skipped),
+            "run_dir": str(run.path), "files": len(files), "skipped": len(skipped), "status": "captured",
+            "verdict": f"{len(files)} files captured, {len(skipped)} skipped with their reasons; CUDA {cuda_text}",
             "cuda": None if cuda_result is None else {k: cuda_result.get(k) for k in ("status", "message")}}

@@ -14,6 +14,8 @@ from diag.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_REFUSED
 from diag.nvidia import read_nvidia
 from diag.rootfs import Root
 
+from diag.report import matrix_verdict
+
 from .register import ReproOptions, run_repro
 
 __all__ = ["run_matrix", "matrix_cases"]
@@ -30,6 +32,8 @@ def matrix_cases() -> list[tuple[str, bool | None, bool]]:
 
 
 def run_matrix(base: ReproOptions, run: RunDir) -> dict[str, Any]:
+    from diag.facts import node_facts
+    facts = node_facts(Root("/", run=run))
     gpu = read_nvidia(Root("/")).loaded
     rows = []
     for method, thp, prefault in matrix_cases():
@@ -57,4 +61,6 @@ def run_matrix(base: ReproOptions, run: RunDir) -> dict[str, Any]:
     elif outcomes <= {"refused", "skipped"}:
         code = EXIT_REFUSED
     return {"tool": "hostpin", "command": "repro register --matrix", "size": base.size, "rows": rows,
-            "run_dir": str(run.path), "exit_code": code}
+            "run_dir": str(run.path), "exit_code": code, "facts": facts,
+            "outcome": "completed" if code == EXIT_OK else "failed" if code == EXIT_FAIL else "refused",
+            "verdict": matrix_verdict(rows, base.size)}

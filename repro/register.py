@@ -16,6 +16,7 @@ from typing import Any, Callable
 from diag.checks import FAIL, WARN, Context, Plan
 from diag.checks.memory import headroom
 from diag.evidence import RunDir
+from diag.facts import node_facts
 from diag.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEVALUATED
 from diag.kernel import parse_release
 from diag.nvidia import read_nvidia
@@ -194,7 +195,8 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
 
 def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup, state: dict,
          result: dict) -> None:
-    Root("/", run=run).read_text("proc/meminfo")  # the state before, in the evidence
+    if not prefix:  # a matrix records the node once, before its first case
+        result["facts"] = node_facts(Root("/", run=run))  # the node before, in the evidence (root/...)
     if opts.make_swap:
         try:
             swap = SwapFile(opts.swap_dir, opts.make_swap).create()

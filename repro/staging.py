@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.evidence import RunDir
+from diag.facts import node_facts
 from diag.meminfo import read_meminfo
 from diag.nvidia import read_nvidia
 from diag.rootfs import Root
@@ -193,7 +194,7 @@ def reserve_hint(summary: dict) -> str | None:
 def run_staging(opts: StagingOptions, run: RunDir, progress=None) -> dict[str, Any]:
     result: dict[str, Any] = {"tool": "hostpin", "command": "repro staging", "options": asdict(opts),
                               "run_dir": str(run.path), "sequence": sequence(opts.order, opts.bursts)}
-    Root("/", run=run).read_text("proc/meminfo")
+    result["facts"] = node_facts(Root("/", run=run))
     if not read_nvidia(Root("/")).loaded:
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: the staging "
                       "measurement copies to a GPU and needs one")

@@ -1,0 +1,105 @@
+"""`hostpin compare`: runs or nodes side by side, what differs first, equal facts folded.
+
+Works on any mix of run directories and bundles: preflight runs, snapshots and reproductions,
+from one node before and after a change or from many nodes collected with srun, pdsh/clush or
+a DaemonSet (see the README).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from .facts import FACT_LABELS
+from .runs import Run
+from .units import format_bytes, format_duration
+
+__all__ = ["comparison_rows", "render_compare"]
+
+_BYTES = {"mem_total_bytes", "mem_available_bytes", "swap_total_bytes", "swap_used_bytes", "free_order9_bytes",
+          "headroom_bytes"}
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in _BYTES:
+        return format_bytes(value)
+    if key in ("pin_seconds",):
+        return format_duration(value)
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def run_figures(run: Run) -> dict[str, Any]:
+    """The figures that matter for pinning, from whatever kind of run this is."""
+    r = run.result
+    out: dict[str, Any] = {"command": run.command, "status": run.status, "verdict": r.get("verdict")}
+    out.update({k: v for k, v in run.facts().items() if k in FACT_LABELS})
+    checks = {c["id"]: c for c in r.get("checks", [])}
+    if checks:
+        out["plan"] = r.get("plan", {}).get("describe")
+        head = checks.get("headroom", {}).get("evidence", {})
+        out["headroom_bytes"] = head.get("binding_bytes")
+        sample = checks.get("swap", {}).get("evidence", {}).get("swapin_sample") or {}
+        out["swapin_pages_per_s"] = sample.get("pages_per_s")
+        for cid, c in sorted(checks.items()):
+            out[f"check {cid}"] = c["status"]
+    if r.get("command") == "repro register":
+        out.update(plan=_plan(r), pin_seconds=r.get("seconds"), rate_gib_s=r.get("rate_gib_s"),
+                   clean_rate_gib_s=r.get("clean_rate_gib_s"), bound=r.get("bound"),
+                   swapin_pages_per_s=r.get("swapin_pages_per_s"))
+    if r.get("command") == "repro staging" and (r.get("summary") or {}).get("repeats"):
+        side = r["summary"]["sides"]["pageable"]["hidden_total_bytes"]
+        out["staging_pageable_hidden_mib"] = side["median"] / (1 << 20)
+    return out
+
+
+def _plan(r: dict) -> str | None:
+    o = r.get("options") or {}
+    return f"{o.get('ranks', 1)} x {format_bytes(o.get('size'))} by {o.get('method')}" if o else None
+
+
+LABELS = {"command": "command", "status": "verdict", "plan": "plan", "headroom_bytes": "headroom (binding)",
+          "swapin_pages_per_s": "swap-in pages/s", "pin_seconds": "pin time", "rate_gib_s": "pin GiB/s",
+          "clean_rate_gib_s": "clean rate GiB/s", "bound": "bound", "staging_pageable_hidden_mib": "staging left, MiB",
+          **FACT_LABELS}
+
+
+def comparison_rows(runs: list[Run]) -> tuple[list[list[str]], list[list[str]]]:
+    """(rows that differ, rows that are equal), each row [label, value per run]."""
+    figures = [run_figures(r) for r in runs]
+    keys: list[str] = []
+    for f in figures:
+        keys += [k for k in f if k not in keys and k != "verdict"]
+    differ, equal = [], []
+    for key in keys:
+        values = [_fmt(key, f.get(key)) for f in figures]
+        row = [LABELS.get(key, key)] + values
+        known = {v for v in values if v != "-"}  # a run that did not record a figure does not differ on it
+        (equal if len(known) <= 1 else differ).append(row)
+    return differ, equal
+
+
+def render_compare(runs: list[Run], fmt: str = "markdown") -> str:
+    md = fmt == "markdown"
+    names = [f"{r.facts().get('host') or '?'}: {r.path.name}" for r in runs]
+    differ, equal = comparison_rows(runs)
+    tf = "github" if md else "simple"
+    out = [("# " if md else "") + f"hostpin compare: {len(runs)} runs, {len(differ)} figures differ"]
+    out.append("")
+    for name, r in zip(names, runs):
+        out.append(f"- {name}: {r.status.upper()}: {r.result.get('verdict') or 'no verdict'}" if md
+                   else f"{name}: {r.status.upper()}: {r.result.get('verdict') or 'no verdict'}")
+    out.append("")
+    if differ:
+        out.append(tabulate(differ, headers=["differs"] + [f"run {i + 1}" for i in range(len(runs))], tablefmt=tf))
+    else:
+        out.append("Every compared figure is equal.")
+    if equal:
+        table = tabulate(equal, headers=["equal"] + [f"run {i + 1}" for i in range(len(runs))], tablefmt=tf)
+        out.append("")
+        out.append(f"<details><summary>{len(equal)} figures are equal</summary>\n\n{table}\n\n</details>" if md
+                   else "equal: " + ", ".join(row[0] for row in equal))
+    return "\n".join(out) + "\n"

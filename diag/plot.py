@@ -1,0 +1,79 @@
+"""A picture of a pin run's timeline: pinned percent, pin rate and swap-in rate over time.
+
+matplotlib is an optional extra (`pip install 'hostpin[plot]'`): without it `timeline_png`
+raises PlotUnavailable and the report says how to get the picture.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["timeline_series", "timeline_png", "PlotUnavailable"]
+
+PAGE = 4096
+GiB = 1 << 30
+
+
+class PlotUnavailable(RuntimeError):
+    pass
+
+
+def timeline_series(samples: list[dict]) -> dict[str, list[float]]:
+    """Per sample from the pin's start: time, pinned percent, pin rate (GiB/s), swap-in (pages/s)."""
+    pin = [s for s in samples if s.get("phase") in ("pin", "undo")]
+    if not pin:
+        return {"t": [], "pct": [], "rate_gib_s": [], "swapin_pages_s": [], "phase": []}
+    t0 = pin[0]["t"]
+    out = {"t": [], "pct": [], "rate_gib_s": [], "swapin_pages_s": [], "phase": []}
+    prev = None
+    for s in samples:
+        if s["t"] < t0 - 1e-9:
+            prev = s
+            continue
+        prog = s.get("progress", {})
+        vm = s.get("vm", {})
+        out["t"].append(s["t"] - t0)
+        out["pct"].append(prog.get("pct") if prog.get("pct") is not None else (out["pct"][-1] if out["pct"] else 0.0))
+        if prev is not None and s["t"] > prev["t"]:
+            dt = s["t"] - prev["t"]
+            pages = vm.get("hostpin_progress_pages", 0) - prev.get("vm", {}).get("hostpin_progress_pages", 0)
+            out["rate_gib_s"].append(max(0.0, pages) * PAGE / GiB / dt)
+            out["swapin_pages_s"].append(max(0, vm.get("pswpin", 0) - prev.get("vm", {}).get("pswpin", 0)) / dt)
+        else:
+            out["rate_gib_s"].append(0.0)
+            out["swapin_pages_s"].append(0.0)
+        out["phase"].append(s.get("phase"))
+        prev = s
+    return out
+
+
+def timeline_png(samples: list[dict], path: Path | str, title: str = "") -> Path:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable("matplotlib is not installed: pip install 'hostpin[plot]' for the timeline picture") from exc
+    series = timeline_series(samples)
+    if not series["t"]:
+        raise PlotUnavailable("no pin phase in this timeline")
+    fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    axes[0].plot(series["t"], series["pct"], color="tab:blue")
+    axes[0].set_ylabel("pinned %")
+    axes[0].set_ylim(0, 105)
+    axes[1].plot(series["t"], series["rate_gib_s"], color="tab:green")
+    axes[1].set_ylabel("pin rate GiB/s")
+    axes[2].plot(series["t"], series["swapin_pages_s"], color="tab:red")
+    axes[2].set_ylabel("swap-in pages/s")
+    axes[2].set_xlabel("seconds since the pin started")
+    undo = next((t for t, ph in zip(series["t"], series["phase"]) if ph == "undo"), None)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        if undo is not None:
+            ax.axvline(undo, color="grey", linestyle="--", linewidth=0.8)
+    import textwrap
+    fig.suptitle("\n".join(textwrap.wrap(title or "hostpin pin timeline", 100)[:3]), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,281 @@
+"""`hostpin report`: a run rendered for a bug report (Markdown) or a terminal (text).
+
+Verdict first, then the facts that matter for it, the tables, the key kernel stack, and the
+raw evidence in collapsed sections, cut short enough to paste into a GitHub issue (under
+GitHub's 65,536-character limit), saying what was left out and where it is.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from .facts import FACT_LABELS
+from .runs import Run
+from .units import format_bytes, format_duration
+
+__all__ = ["render_report", "key_stack", "matrix_verdict", "MAX_CHARS"]
+
+MAX_CHARS = 50_000       # the whole report
+RAW_BLOCK_CHARS = 3_000  # one raw file in a collapsed section
+_BYTES_FACTS = {"mem_total_bytes", "mem_available_bytes", "swap_total_bytes", "swap_used_bytes", "free_order9_bytes"}
+
+
+def _fact_value(key: str, value: Any) -> str:
+    if value is None:
+        return "not captured"
+    if key in _BYTES_FACTS:
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
+
+
+def key_stack(run: Run) -> tuple[str, str] | None:
+    """(where it came from, the stack) for the pinning thread: a kill's stack file, else the
+    stack seen most often in the timeline while the pin was in D state or in kernel paths."""
+    for entry in run.manifest.get("entries", []):
+        if entry.get("kind") == "stacks" and not entry.get("skipped"):
+            text = (run.path / entry["path"]).read_text(errors="replace")
+            sections = text.split("### ")
+            busy = [s for s in sections[1:] if " state D " in s or "do_swap_page" in s or "pin_user_pages" in s]
+            chosen = (busy or sections[1:] or [text])[0]
+            return entry["path"], "### " + chosen.strip() if busy or sections[1:] else chosen
+    counts: Counter = Counter()
+    for sample in run.read_jsonl("timeline.jsonl"):
+        if sample.get("phase") != "pin":
+            continue
+        for proc in sample.get("procs", {}).values():
+            for th in proc.get("threads", {}).values():
+                frames = th.get("frames")
+                if frames and (th.get("state") == "D" or any("gup" in f or "pin_user" in f or "swap" in f for f in frames)):
+                    counts[tuple(frames)] += 1
+    if counts:
+        frames, n = counts.most_common(1)[0]
+        return f"timeline.jsonl (seen in {n} samples)", "\n".join(frames)
+    return None
+
+
+def _facts_table(run: Run, md: bool) -> str:
+    facts = run.facts()
+    rows = [[FACT_LABELS[k], _fact_value(k, facts.get(k))] for k in FACT_LABELS if k in facts]
+    plan = run.result.get("plan", {}).get("describe") or _plan_of(run.result)
+    if plan:
+        rows.append(["plan", plan])
+    rows.append(["command", " ".join(run.manifest.get("argv", [])[1:]) or run.command])
+    rows.append(["run", f"{run.manifest.get('started', '?')} .. {run.manifest.get('finished', 'not finished')}"])
+    return tabulate(rows, headers=["fact", "value"], tablefmt="github" if md else "simple")
+
+
+def _plan_of(result: dict) -> str | None:
+    o = result.get("options")
+    if not o:
+        return None
+    if "threads" in o:
+        return f"{o['repeat']} repeats x {o['bursts']} bursts of {format_bytes(o['bytes'])} over {o['threads']} threads, {o['direction']}"
+    thp = {True: "on", False: "off"}.get(o.get("thp"), "policy default")
+    extra = "".join([f", chunk {format_bytes(o['chunk'])}" if o.get("chunk") else "",
+                     f", swap-out {format_bytes(o['swap_out'])}" if o.get("swap_out") else "",
+                     f", swap-in limited to {format_bytes(o['swap_in_rate'])}/s" if o.get("swap_in_rate") else ""])
+    return (f"{o.get('ranks', 1)} x {format_bytes(o['size'])} by {o['method']} (source {o['source']}/{o['map']}, "
+            f"THP {thp}, prefault {o['prefault']}{extra})")
+
+
+def matrix_verdict(rows: list[dict], size: int) -> str:
+    """Per method, the best and the worst way to hold the region, with the rates."""
+    parts = []
+    for method in ("register", "hostalloc", "mlock"):
+        done = [x for x in rows if x["method"] == method and x.get("rate_gib_s")]
+        if not done:
+            skipped = [x for x in rows if x["method"] == method and x.get("outcome") == "skipped"]
+            if skipped:
+                parts.append(f"{method}: skipped ({skipped[0].get('verdict')})")
+            continue
+        best = max(done, key=lambda x: x["rate_gib_s"])
+        worst = min(done, key=lambda x: x["rate_gib_s"])
+        text = f"{method} {best['rate_gib_s']:.1f} GiB/s"
+        if method != "hostalloc":
+            text += f" with THP {best['thp']} and prefault {best['prefault']}"
+        if worst is not best:
+            text += (f", {worst['rate_gib_s']:.1f} with THP {worst['thp']} and prefault {worst['prefault']}"
+                     + (f" ({worst['bound']})" if worst.get("bound") else ""))
+        parts.append(text)
+    failed = [x["case"] for x in rows if x.get("outcome") not in ("completed", "slow", "skipped")]
+    head = f"{format_bytes(size)} per case: " if size else ""
+    return head + "; ".join(parts) + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+def _section(title: str, body: str, md: bool) -> str:
+    return (f"## {title}\n\n{body}\n" if md else f"{title}\n{'-' * len(title)}\n{body}\n")
+
+
+def _preflight_body(r: dict, md: bool) -> str:
+    fmt = "github" if md else "simple"
+    bad = [[c["status"].upper(), c["id"], c["summary"], c.get("remedy") or ""] for c in r.get("checks", [])
+           if c["status"] in ("fail", "warn")]
+    good = [[c["status"], c["id"], c["summary"]] for c in r.get("checks", []) if c["status"] in ("pass", "skip")]
+    out = ""
+    if bad:
+        out += tabulate(bad, headers=["", "check", "finding", "remedy"], tablefmt=fmt,
+                        maxcolwidths=None if md else [None, None, 60, 40]) + "\n\n"
+    else:
+        out += "No check failed or warned.\n\n"
+    if good:
+        table = tabulate(good, headers=["", "check", "finding"], tablefmt=fmt,
+                         maxcolwidths=None if md else [None, None, 100])
+        out += (f"<details><summary>{len(good)} checks passed or were skipped</summary>\n\n{table}\n\n</details>\n"
+                if md else table + "\n")
+    return out
+
+
+def _repro_body(run: Run, md: bool) -> str:
+    r = run.result
+    fmt = "github" if md else "simple"
+    rows = []
+    for key, label, fn in (("outcome", "outcome", str), ("seconds", "pin time", format_duration),
+                           ("rate_gib_s", "rate", lambda v: f"{v:.2f} GiB/s"),
+                           ("clean_rate_gib_s", "this node's clean rate", lambda v: f"{v:.2f} GiB/s"),
+                           ("slowdown", "slower than clean", lambda v: f"{v:.0f}x"),
+                           ("bound", "bound", str), ("bound_reason", "why", str),
+                           ("first_bound_at_s", "bound named after", lambda v: f"{v:.1f} s"),
+                           ("eta_error", "ETA at 20% vs the real end", lambda v: f"{100 * v:+.1f}%"),
+                           ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
+        if r.get(key) is not None:
+            rows.append([label, fn(r[key])])
+    if r.get("swapped_out_bytes"):
+        rows.append(["in swap before the pin", ", ".join(format_bytes(x) for x in r["swapped_out_bytes"] if x is not None)])
+    if r.get("pinned_pages") is not None:
+        rows.append(["pinned", f"{r['pinned_pages']:,} of {r['expected_pages']:,} pages ({r.get('progress_counter')})"])
+    if r.get("stopped"):
+        p = r["stopped"].get("progress", {})
+        rows.append(["stopped", f"{r['stopped']['reason']} in phase {r['stopped']['phase']} at {r['stopped']['at_s']:.1f} s"
+                     + (f"; ETA then {format_duration(p.get('eta_s'))}" if p.get("eta_s") else "")])
+    if r.get("watchdog"):
+        rows.append(["watchdog cost", f"{r['watchdog']['watchdog_cpu_pct_of_core']:.2f}% of one core, "
+                                      f"{r['watchdog']['samples']} samples"])
+    out = tabulate(rows, headers=["figure", "value"], tablefmt=fmt) + "\n"
+    ranks = r.get("ranks", [])
+    if len(ranks) > 1 or any(rk.get("error") for rk in ranks):
+        table = [[rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
+                  f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "",
+                  (rk.get("error") or {}).get("name") or (rk.get("error") or {}).get("message") or "",
+                  (rk.get("error") or {}).get("catalog") or ""] for rk in ranks]
+        out += "\n" + tabulate(table, headers=["rank", "outcome", "pin", "GiB/s", "error", "catalog"], tablefmt=fmt) + "\n"
+    for note in r.get("notes", []):
+        out += f"\nnote: {note}\n"
+    return out
+
+
+def _matrix_body(r: dict, md: bool) -> str:
+    table = [[x["method"], x["thp"], x["prefault"], format_duration(x.get("seconds")),
+              f"{x['rate_gib_s']:.2f}" if x.get("rate_gib_s") else "", x["outcome"], x.get("bound") or ""]
+             for x in r.get("rows", [])]
+    return tabulate(table, headers=["method", "THP", "prefault", "seconds", "GiB/s", "outcome", "bound"],
+                    tablefmt="github" if md else "simple") + "\n"
+
+
+def _staging_body(r: dict, md: bool) -> str:
+    s = r.get("summary") or {}
+    if not s.get("repeats"):
+        return "No repeat finished.\n"
+    mib = 1 << 20
+    rows = []
+    for side in ("pageable", "pinned"):
+        f = s["sides"][side]
+        h, first, thr = f["hidden_total_bytes"], f["first_bytes"], f["throughput_gb_s"]
+        rows.append([side, f"{first['median'] / mib:+.0f}", f"{h['median'] / mib:+.0f}",
+                     f"{h['min'] / mib:+.0f}..{h['max'] / mib:+.0f}", f"{thr['median']:.1f}"])
+    out = tabulate(rows, headers=["side", "after 1st burst MiB", "hidden total MiB (median)", "range", "GB/s"],
+                   tablefmt="github" if md else "simple") + "\n"
+    out += (f"\nnoise: median {s['noise_bytes']['median'] / mib:.1f} MiB; after cudaDeviceReset vs baseline "
+            f"{s['after_reset_vs_baseline_bytes']['median'] / mib:+.0f} MiB; {s['repeats']} repeats\n")
+    if r.get("reserve_hint"):
+        out += f"\napply: {r['reserve_hint']}\n"
+    return out
+
+
+def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
+    """Collapsed raw files, most useful first, until the budget is spent; the rest is named."""
+    wanted = ["result.json", "stacks", "commands/dmesg", "events.jsonl", "root/proc/meminfo", "root/proc/buddyinfo",
+              "root/proc/swaps", "root/sys/kernel/mm/transparent_hugepage/enabled",
+              "root/sys/kernel/mm/transparent_hugepage/defrag", "root/proc/driver/nvidia/version",
+              "probes/cuda.json", "root/proc/pressure/memory", "root/proc/cmdline"]
+    entries = [e for e in run.manifest.get("entries", []) if not e.get("skipped") and e.get("kind") != "dir"]
+    chosen, seen = [], set()
+    for prefix in wanted:
+        for e in entries:
+            if (e["path"] == prefix or e["path"].startswith(prefix)) and e["path"] not in seen:
+                chosen.append(e)
+                seen.add(e["path"])
+    out, spent, left_out = "", 0, []
+    for e in chosen:
+        path = run.path / e["path"]
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        cut = len(text) > RAW_BLOCK_CHARS
+        if e["path"].endswith(".jsonl") and cut:
+            text = "\n".join(text.splitlines()[-20:])  # the end of a journal says most
+        body = text[:RAW_BLOCK_CHARS] + (f"\n... ({len(text) - RAW_BLOCK_CHARS:,} more characters in {e['path']})"
+                                         if len(text) > RAW_BLOCK_CHARS else "")
+        if spent + len(body) > budget:
+            left_out.append(e["path"])
+            continue
+        spent += len(body)
+        if md:
+            out += f"<details><summary>{e['path']} ({format_bytes(e['size'])})</summary>\n\n```\n{body}\n```\n\n</details>\n"
+        else:
+            out += f"--- {e['path']} ---\n{body}\n"
+    shown = {e["path"] for e in chosen} - set(left_out)
+    left_out += [e["path"] for e in entries if e["path"] not in shown]
+    return out, left_out
+
+
+def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -> str:
+    md = fmt == "markdown"
+    r = run.result
+    status = run.status
+    if run.command == "repro register --matrix" and r.get("rows") and not r.get("verdict"):
+        # recorded before matrix runs carried a verdict: derive it from the rows
+        r = dict(r, verdict=matrix_verdict(r["rows"], r.get("size") or 0))
+        bad = [x for x in r["rows"] if x.get("outcome") not in ("completed", "slow", "skipped")]
+        status = "failed" if bad else "completed"
+    title = f"hostpin {run.command}: {status.upper()}"
+    verdict = r.get("verdict") or "(no verdict: the run did not finish; see manifest.jsonl)"
+    parts = [f"# {title}\n\n**{verdict}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]
+    if run.problems:
+        parts.append(("> **Warning:** " if md else "WARNING: ") + "the evidence does not match its manifest: "
+                     + "; ".join(run.problems[:5]) + "\n")
+    parts.append(_section("Facts", _facts_table(run, md), md))
+    command = run.command
+    if command == "preflight":
+        parts.append(_section("Checks", _preflight_body(r, md), md))
+    elif command == "repro register --matrix":
+        parts.append(_section("Matrix", _matrix_body(r, md), md))
+    elif command == "repro register":
+        parts.append(_section("Result", _repro_body(run, md), md))
+        if picture:
+            parts.append(_section("Timeline", f"![pin timeline]({picture})\n" if md else f"picture: {picture}\n", md))
+        stack = key_stack(run)
+        if stack:
+            where, text = stack
+            block = f"```\n{text}\n```\n\nfrom {where}\n" if md else f"{text}\n(from {where})\n"
+            parts.append(_section("Kernel stack", block, md))
+    elif command == "repro staging":
+        parts.append(_section("Staging memory", _staging_body(r, md), md))
+    elif command == "snapshot":
+        parts.append(_section("Snapshot", f"{r.get('files')} files captured, {r.get('skipped')} skipped; CUDA: "
+                                          f"{(r.get('cuda') or {}).get('status', 'not probed')}\n", md))
+    used = sum(len(p) for p in parts)
+    raw, left_out = _raw_blocks(run, md, max(2_000, MAX_CHARS - used - 2_000))
+    if raw:
+        parts.append(_section("Raw evidence", raw, md))
+    tail = f"{len(left_out)} more files are in the run directory and its manifest" if left_out else "nothing was left out"
+    parts.append(("---\n" if md else "") + f"Run: `{run.source}` ({tail}). Made by hostpin; every file is listed with "
+                 "its sha256 in manifest.json.\n")
+    return "\n".join(parts)
