@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["probe_in_child", "probe", "error_name", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
+__all__ = ["probe_in_child", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -122,11 +122,19 @@ def probe() -> dict[str, Any]:
     return out
 
 
-def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """Run probe() in a fresh interpreter; a hang becomes status 'timeout', never a hang here."""
+def child_env() -> dict[str, str]:
+    """The environment for a hostpin child interpreter (`python -m diag... / repro...`): this
+    checkout first on the path, whether hostpin is installed or run from the source tree."""
     env = dict(os.environ)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """Run probe() in a fresh interpreter; a hang becomes status 'timeout', never a hang here."""
+    env = child_env()
     t0 = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "diag.cuda", "probe"], capture_output=True,

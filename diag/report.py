@@ -6,9 +6,7 @@ GitHub's 65,536-character limit), saying what was left out and where it is.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate

@@ -26,10 +26,10 @@ class Cuda:
     def __init__(self, device: int = 0):
         from cuda.bindings import runtime
         self.rt = runtime
-        self._call("cudaSetDevice", runtime.cudaSetDevice(device))
-        self._call("cudaFree(0)", runtime.cudaFree(0))  # create the context now
+        self.call("cudaSetDevice", runtime.cudaSetDevice(device))
+        self.call("cudaFree(0)", runtime.cudaFree(0))  # create the context now
 
-    def _call(self, name: str, result):
+    def call(self, name: str, result):
         err = result[0] if isinstance(result, tuple) else result
         if err != self.rt.cudaError_t.cudaSuccess:
             self.rt.cudaGetLastError()  # clear the sticky error so later calls are not poisoned
@@ -37,13 +37,13 @@ class Cuda:
         return result[1] if isinstance(result, tuple) and len(result) > 1 else None
 
     def register(self, addr: int, size: int, flags: str = "default") -> None:
-        self._call("cudaHostRegister", self.rt.cudaHostRegister(addr, size, REGISTER_FLAGS[flags]))
+        self.call("cudaHostRegister", self.rt.cudaHostRegister(addr, size, REGISTER_FLAGS[flags]))
 
     def unregister(self, addr: int) -> None:
-        self._call("cudaHostUnregister", self.rt.cudaHostUnregister(addr))
+        self.call("cudaHostUnregister", self.rt.cudaHostUnregister(addr))
 
     def host_alloc(self, size: int) -> int:
-        return int(self._call("cudaHostAlloc", self.rt.cudaHostAlloc(size, 0)))
+        return int(self.call("cudaHostAlloc", self.rt.cudaHostAlloc(size, 0)))
 
     def free_host(self, ptr: int) -> None:
-        self._call("cudaFreeHost", self.rt.cudaFreeHost(ptr))
+        self.call("cudaFreeHost", self.rt.cudaFreeHost(ptr))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import mmap
 import os
 import threading
 import time

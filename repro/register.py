@@ -10,7 +10,6 @@ import errno
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from diag.checks import FAIL, WARN, Context, Plan
@@ -26,7 +25,7 @@ from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
 from .cgroups import PREFIX as CG_PREFIX, CgroupError, RunCgroup, block_device_for
 from .cleanup import Cleanup, Interrupted
 from .swapfile import SwapError, SwapFile, active_swaps
-from .watchdog import Child, Watchdog, spawn_child
+from .watchdog import Child, Watchdog, kill_and_wait, spawn_child
 
 __all__ = ["ReproOptions", "run_repro", "exit_code_for", "SLOW_FACTOR", "OUTCOMES"]
 
@@ -96,9 +95,9 @@ def validate(opts: ReproOptions) -> None:
     if opts.register_flags != "default" and opts.method != "register":
         raise ReproUsageError("--register-flags applies to --method register only")
     if opts.chunk is not None and opts.chunk % PAGE_SIZE:
-        raise ReproUsageError(f"--chunk must be a multiple of 4 KiB, e.g. 64GiB")
+        raise ReproUsageError("--chunk must be a multiple of 4 KiB, e.g. 64GiB")
     if opts.size % PAGE_SIZE:
-        raise ReproUsageError(f"--size must be a multiple of 4 KiB, e.g. 47GiB")
+        raise ReproUsageError("--size must be a multiple of 4 KiB, e.g. 47GiB")
 
 
 def safety(opts: ReproOptions) -> dict | None:
@@ -228,17 +227,7 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     children: list[Child] = state["children"]
 
     def kill_all() -> list[str]:
-        import signal
-        for c in children:
-            if c.alive:
-                try:
-                    os.killpg(c.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(c.alive for c in children):
-            time.sleep(0.05)
-        return [f"child pid {c.pid} still alive after SIGKILL (unkillable)" for c in children if c.alive]
+        return [f"child pid {c.pid} still alive after SIGKILL (unkillable)" for c in kill_and_wait(children)]
 
     cleanup.push("children", kill_all)
     spec = opts.child_spec()

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from diag.cuda import child_env
 from diag.evidence import RunDir
 from diag.facts import node_facts
 from diag.meminfo import read_meminfo
@@ -207,9 +206,7 @@ def run_staging(opts: StagingOptions, run: RunDir, progress=None) -> dict[str, A
         return result
     spec = {"bytes": opts.bytes, "threads": opts.threads, "direction": opts.direction, "device": opts.device,
             "sequence": result["sequence"], "hold_s": opts.hold_s, "samples": opts.samples}
-    env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env()
     repeats, failures = [], []
     for i in range(opts.repeat):
         if progress:

@@ -22,7 +22,10 @@ import sys
 import threading
 import time
 
-from diag.cuda import error_name
+from diag.meminfo import parse_meminfo
+from diag.rootfs import read_bounded
+
+from .cudapin import Cuda
 
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 libc.malloc_trim.argtypes = [ctypes.c_size_t]
@@ -39,13 +42,8 @@ def log(step: str, **fields) -> None:
 
 
 def meminfo() -> dict[str, int]:
-    out = {}
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            key, _, rest = line.partition(":")
-            if key in _MEM_KEYS:
-                out[key] = int(rest.split()[0]) * 1024
-    return out
+    raw = parse_meminfo(read_bounded("/proc/meminfo", 1 << 20).decode()).raw
+    return {k: raw[k] for k in _MEM_KEYS if k in raw}
 
 
 def rss_by_mapping() -> dict[str, int]:
@@ -87,21 +85,6 @@ def snapshot(samples: int, gap: float) -> dict:
     last = readings[-1]
     return {"in_use_bytes": int(statistics.median(in_use)), "in_use_spread_bytes": max(in_use) - min(in_use),
             "mem_total_bytes": last["MemTotal"], "meminfo": last, "rss": rss_by_mapping()}
-
-
-class Cuda:
-    def __init__(self, device: int):
-        from cuda.bindings import runtime
-        self.rt = runtime
-        self.call("cudaSetDevice", runtime.cudaSetDevice(device))
-        self.call("cudaFree(0)", runtime.cudaFree(0))
-
-    def call(self, name, result):
-        err = result[0] if isinstance(result, tuple) else result
-        if err != self.rt.cudaError_t.cudaSuccess:
-            self.rt.cudaGetLastError()
-            raise RuntimeError(f"{name}: {error_name(err)}")
-        return result[1] if isinstance(result, tuple) and len(result) > 1 else None
 
 
 def run(spec: dict) -> dict:

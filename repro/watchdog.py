@@ -8,7 +8,6 @@ pin's progress, rate, ETA and bound (repro.bounds).
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import select
@@ -16,10 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from diag import process
+from diag.cuda import child_env
 from diag.evidence import RunDir
 from diag.meminfo import parse_meminfo
 from diag.psi import parse_psi
@@ -28,7 +27,7 @@ from diag.vmstat import WATCHED_PREFIXES, parse_vmstat
 
 from .bounds import classify, estimate_eta, progress_signals
 
-__all__ = ["Child", "Watchdog", "spawn_child", "PROGRESS_COUNTER"]
+__all__ = ["Child", "Watchdog", "spawn_child", "kill_and_wait", "PROGRESS_COUNTER"]
 
 # where each method's progress is read, one unit per 4 KiB page:
 #  register:  nr_foll_pin_acquired rises by one per page pin_user_pages pins (system-wide)
@@ -125,15 +124,31 @@ def spawn_child(spec: dict, rank: int, run: RunDir, prefix: str, join_files: lis
             with open(path, "w") as fh:
                 fh.write("0")
 
-    env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen([sys.executable, "-m", "repro.pinner", json.dumps(spec)], stdin=subprocess.PIPE,
-                            stdout=log, stderr=subprocess.STDOUT, pass_fds=(w_fd,), preexec_fn=preexec, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, pass_fds=(w_fd,), preexec_fn=preexec,
+                            env=child_env())
     os.close(w_fd)
     log.close()
     return Child(rank, proc, r_fd, log_rel)
+
+
+def kill_and_wait(children: list[Child], wait_s: float = 10.0) -> list[Child]:
+    """SIGKILL each live child's process group, wait at most wait_s; the ones still alive are
+    marked unkillable and returned (a task stuck in the kernel, e.g. frozen, outlives SIGKILL)."""
+    for child in children:
+        if child.alive:
+            child.killed = True
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(c.alive for c in children):
+        time.sleep(0.05)
+    stuck = [c for c in children if c.alive]
+    for c in stuck:
+        c.unkillable = True
+    return stuck
 
 
 class Watchdog:
@@ -363,19 +378,7 @@ class Watchdog:
         entry = self.run.run_command(f"{self.prefix}dmesg-tail-{reason}", ["sh", "-c", "dmesg | tail -n 300"],
                                      timeout=5)
         evidence["dmesg"] = entry["path"]
-        for child in self.children:
-            if child.alive:
-                child.killed = True
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(c.alive for c in self.children):
-            time.sleep(0.05)
-        stuck = [c for c in self.children if c.alive]
-        for c in stuck:
-            c.unkillable = True
+        stuck = kill_and_wait(self.children, wait_s)
         if stuck:
             evidence["unkillable_stacks"] = self.capture_stacks(f"{reason}-unkillable")
         return evidence

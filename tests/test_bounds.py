@@ -91,8 +91,6 @@ def test_classify_other_bounds_from_stacks():
 
 
 # -- our own watchdog's timelines, recorded on the GPU machine and the CI machine -------------------
-from pathlib import Path  # noqa: E402
-
 from conftest import FIXTURES  # noqa: E402
 
 RECORDED = ["h200-repro-swap32", "ci-repro-swap-mlock"]

@@ -8,7 +8,7 @@ import pytest
 
 from diag.evidence import load_manifest, verify_manifest
 
-from conftest import CI_SNAPSHOT, GPU_SNAPSHOT, REFERENCE
+from conftest import GPU_SNAPSHOT, REFERENCE
 
 
 @pytest.mark.parametrize("args, bad", [
