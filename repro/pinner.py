@@ -174,7 +174,8 @@ def _describe(exc: BaseException) -> dict:
         out.update(call=exc.call, code=exc.code, name=exc.name)
     elif isinstance(exc, LibcError):
         import errno
-        out.update(call="mlock", code=exc.errno, name=errno.errorcode.get(exc.errno, str(exc.errno)))
+        call = str(exc).split(" ", 1)[0].split(":", 1)[0] or "libc"  # 'mlock of ...', 'mmap of ...', 'madvise(...)'
+        out.update(call=call, code=exc.errno, name=errno.errorcode.get(exc.errno, str(exc.errno)))
     return out
 
 

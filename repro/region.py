@@ -90,10 +90,12 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
         exists = os.path.exists(path)
         unlink = not exists  # a file this run created is removed with the region; the user's is kept
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if (writable or not exists) else os.O_RDONLY, 0o600)
-        if not exists or os.fstat(fd).st_size < size:
-            if not writable:
-                raise LibcError(errno.EINVAL, f"{path} is smaller than the region and the mapping is read-only")
-            os.ftruncate(fd, size)
+        if os.fstat(fd).st_size < size:
+            if exists and not writable:
+                os.close(fd)
+                raise LibcError(errno.EINVAL, f"{path} is smaller than the region ({size} bytes) and is opened "
+                                              "read-only: give a file at least that large")
+            os.ftruncate(fd, size)  # a new file, or the user's writable one, grows to the region
     else:
         raise ValueError(f"unknown source {source!r}")
     addr = libc.mmap(None, size, prot, flags, fd, 0)
