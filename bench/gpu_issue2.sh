@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # One device call for issue 2: install, snapshot (fixture), preflight with the CUDA probe, speed.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-HP="python3 -m repro.cli"
+source "$(dirname "$0")/gpu_setup.sh"
 {
   $HP --version
   nvidia-smi -L; uname -r; free -g

@@ -3,10 +3,7 @@
 #   A: snapshot fixture, 47 GiB x {register, hostalloc, mlock}, --matrix 16GiB, --ranks 2, failure cases
 #   B: the swap-bound registration, unthrottled and throttled to 16MB/s (bounded by --deadline)
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-HP="python3 -m repro.cli"
+source "$(dirname "$0")/gpu_setup.sh"
 RUNS=/tmp/runs; mkdir -p $RUNS
 # a disk file system for swap files and table files (not tmpfs/overlay)
 SWAPDIR=/var/tmp

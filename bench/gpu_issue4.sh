@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # One device call for issue 4: the staging-memory runs the issue asks for.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-HP="python3 -m repro.cli"
+source "$(dirname "$0")/gpu_setup.sh"
 RUNS=/tmp/sruns; mkdir -p $RUNS
 st() { local name=$1; shift; echo; echo "=== $name: $*"; $HP repro staging --out $RUNS/$name "$@" --json >"$RUNS/$name.json" 2>"$RUNS/$name.err"; echo "rc=$?";
        python3 -c "

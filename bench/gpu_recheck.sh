@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # A short device call after changes to code that calls CUDA: every CUDA path once, small sizes.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-HP="python3 -m repro.cli"
+source "$(dirname "$0")/gpu_setup.sh"
 R=/tmp/rc; mkdir -p $R
 {
   echo "== preflight with the CUDA probe"; $HP preflight --size 8GiB --out $R | head -3; echo "rc=${PIPESTATUS[0]}"
