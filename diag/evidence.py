@@ -34,6 +34,28 @@ def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _entry(path: str, kind: str, data: bytes | None = None, **fields: Any) -> dict[str, Any]:
+    """A manifest entry with every field present; data (when given) sets size and sha256."""
+    entry = {"path": path, "kind": kind, "source": None, "size": 0, "sha256": None, "started": _now_iso(),
+             "duration_s": 0.0, "returncode": None, "timed_out": False, "truncated": False, "skipped": False,
+             "reason": None}
+    if data is not None:
+        entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    entry.update(fields)
+    return entry
+
+
+def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> Path:
+    """manifest.json written next to itself, fsynced and renamed over the old one."""
+    tmp = run_dir / "manifest.json.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, run_dir / "manifest.json")
+    return run_dir / "manifest.json"
+
+
 def new_run_dir(base: Path | str | None, command: str) -> Path:
     """A fresh directory under base (default ./hostpin-runs) named by time, command and host."""
     base = Path(base) if base else Path("hostpin-runs")
@@ -86,42 +108,24 @@ class RunDir:
                  started: str | None = None, duration_s: float = 0.0, truncated: bool = False,
                  **extra: Any) -> dict[str, Any]:
         self._write(rel, data)
-        entry = {
-            "path": rel, "kind": kind, "source": source, "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(), "started": started or _now_iso(),
-            "duration_s": round(duration_s, 6), "returncode": None, "timed_out": False,
-            "truncated": truncated, "skipped": False, "reason": None,
-        }
-        entry.update(extra)
-        return self._record(entry)
+        return self._record(_entry(rel, kind, data, source=source, started=started or _now_iso(),
+                                   duration_s=round(duration_s, 6), truncated=truncated, **extra))
 
     def add_skip(self, rel: str, reason: str, *, kind: str = "file", source: str | None = None,
                  **extra: Any) -> dict[str, Any]:
-        entry = {
-            "path": rel, "kind": kind, "source": source, "size": 0, "sha256": None,
-            "started": _now_iso(), "duration_s": 0.0, "returncode": None, "timed_out": False,
-            "truncated": False, "skipped": True, "reason": reason,
-        }
-        entry.update(extra)
-        return self._record(entry)
+        return self._record(_entry(rel, kind, source=source, skipped=True, reason=reason, **extra))
 
     def adopt(self, rel: str, kind: str = "file", **extra: Any) -> dict[str, Any]:
         """A file something else wrote into the run (a child's log): give it its manifest entry."""
         path = self.path / rel
         if not path.is_file():
             return self.add_skip(rel, "never written", kind=kind, **extra)
-        data = path.read_bytes()
-        return self._record({"path": rel, "kind": kind, "source": None, "size": len(data),
-                             "sha256": hashlib.sha256(data).hexdigest(), "started": _now_iso(), "duration_s": 0.0,
-                             "returncode": None, "timed_out": False, "truncated": False, "skipped": False,
-                             "reason": None, **extra})
+        return self._record(_entry(rel, kind, path.read_bytes(), **extra))
 
     def add_dir(self, rel: str, **extra: Any) -> dict[str, Any]:
         """An empty directory that exists on the node (its absence would mean something else)."""
         (self.path / rel).mkdir(parents=True, exist_ok=True)
-        return self._record({"path": rel, "kind": "dir", "source": None, "size": 0, "sha256": None,
-                             "started": _now_iso(), "duration_s": 0.0, "returncode": None, "timed_out": False,
-                             "truncated": False, "skipped": False, "reason": None, **extra})
+        return self._record(_entry(rel, "dir", **extra))
 
     def add_json(self, rel: str, obj: Any, *, kind: str = "result", **extra: Any) -> dict[str, Any]:
         data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
@@ -168,12 +172,7 @@ class RunDir:
             "complete": True,
             "entries": self.entries,
         }
-        tmp = self.path / "manifest.json.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=1, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path / "manifest.json")
+        _write_manifest(self.path, manifest)
         self._journal.close()
         self._finished = True
         return self.path / "manifest.json"
@@ -208,12 +207,8 @@ class Stream:
             return
         self._fh.close()
         self.closed = True
-        self.run._record({
-            "path": self.rel, "kind": kind, "source": None, "size": self._size,
-            "sha256": self._hash.hexdigest(), "started": self._started,
-            "duration_s": round(time.monotonic() - self._t0, 6), "returncode": None,
-            "timed_out": False, "truncated": False, "skipped": False, "reason": None, **extra,
-        })
+        self.run._record(_entry(self.rel, kind, size=self._size, sha256=self._hash.hexdigest(), started=self._started,
+                                duration_s=round(time.monotonic() - self._t0, 6), **extra))
 
 
 def load_manifest(run_dir: Path | str) -> dict[str, Any]:
@@ -257,18 +252,10 @@ def register_file(run_dir: Path | str, rel: str, kind: str) -> dict[str, Any]:
     """Add a file written into a finished run (a report, its picture) to the run's manifest,
     replacing an older entry for the same path, so that the manifest still covers everything."""
     run_dir = Path(run_dir)
-    data = (run_dir / rel).read_bytes()
-    entry = {"path": rel, "kind": kind, "source": None, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-             "started": _now_iso(), "duration_s": 0.0, "returncode": None, "timed_out": False, "truncated": False,
-             "skipped": False, "reason": None, "added_after_run": True}
+    entry = _entry(rel, kind, (run_dir / rel).read_bytes(), added_after_run=True)
     manifest = load_manifest(run_dir)
     manifest["entries"] = [e for e in manifest["entries"] if e.get("path") != rel] + [entry]
-    tmp = run_dir / "manifest.json.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, run_dir / "manifest.json")
+    _write_manifest(run_dir, manifest)
     with open(run_dir / "manifest.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry, sort_keys=True) + "\n")
     return entry
