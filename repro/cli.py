@@ -143,17 +143,16 @@ def staging_cmd(device, nbytes, threads, direction, bursts, order, repeat, hold_
     """
     import json as _json
 
-    from diag.exitcodes import EXIT_FAIL, EXIT_OK, EXIT_REFUSED
-    from .staging import StagingOptions, run_staging
+    from .register import exit_code_for
     from .render import render_staging
+    from .staging import StagingOptions, run_staging
 
     opts = StagingOptions(bytes=nbytes, threads=threads, direction=direction, bursts=bursts, order=order,
                           repeat=repeat, hold_s=hold_s, device=device, samples=samples, force=force)
     run = open_run(out, "repro-staging")
     progress = (lambda text: click.echo(f"hostpin repro staging: {text}", err=True)) if sys.stderr.isatty() else None
     result = run_staging(opts, run, progress=progress)
-    result["exit_code"] = {"completed": EXIT_OK, "refused": EXIT_REFUSED,
-                           "unevaluated": EXIT_UNEVALUATED}.get(result["outcome"], EXIT_FAIL)
+    result["exit_code"] = exit_code_for(result["outcome"])
     run.finish(result)
     click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_staging(result))
     return result["exit_code"]

@@ -207,6 +207,8 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     if (opts.swap_out or opts.swap_in_rate) and not swaps:
         raise ReproError("the node has no swap: add --make-swap SIZE (a temporary swap file, removed afterwards)")
     cgroups: list[RunCgroup | None] = [None] * opts.ranks
+    # throttles apply to the whole disks that hold the swap devices
+    disks = sorted({block_device_for(dev) for dev in swaps}) if opts.swap_in_rate else []
     if opts.swap_out or opts.swap_in_rate:
         tag = f"{CG_PREFIX}{os.getpid()}-{abs(hash(prefix)) % 10000}"
         for rank in range(opts.ranks):
@@ -216,13 +218,11 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
                 raise ReproError(f"cannot create a cgroup for the swap scenario: {exc} (needs root)") from None
             cleanup.push(f"cgroup {', '.join(map(str, cg.dirs))}", cg.remove)
             cgroups[rank] = cg
-            if opts.swap_in_rate:
-                for majmin in sorted({block_device_for(dev) for dev in swaps}):
-                    cg.throttle_reads(majmin, opts.swap_in_rate)
+            for majmin in disks:
+                cg.throttle_reads(majmin, opts.swap_in_rate)
         result["cgroups"] = [str(d) for cg in cgroups if cg for d in cg.dirs]
         if opts.swap_in_rate:
-            result["throttle"] = {"devices": sorted({block_device_for(dev) for dev in swaps}),
-                                  "read_bytes_per_s": opts.swap_in_rate}
+            result["throttle"] = {"devices": disks, "read_bytes_per_s": opts.swap_in_rate}
 
     children: list[Child] = state["children"]
 
@@ -249,10 +249,7 @@ def _all(children: list[Child], *names: str) -> Callable[[], bool]:
 
 def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: list, result: dict) -> None:
     # 1. setup: CUDA context, calibration, the region mapped
-    saved_deadline = wd.deadline
-    wd.deadline = min(filter(None, [saved_deadline, SETUP_TIMEOUT_S]))
-    stop = wd.wait(_all(children, "ready", "setup_failed"))
-    wd.deadline = saved_deadline
+    stop = wd.wait(_all(children, "ready", "setup_failed"), deadline=min(filter(None, [wd.deadline, SETUP_TIMEOUT_S])))
     failed = [c for c in children if c.has("setup_failed")]
     if stop or failed:
         _finish_early(opts, wd, children, result, stop or "setup_failed")
@@ -319,10 +316,7 @@ def _drive(opts: ReproOptions, wd: Watchdog, children: list[Child], cgroups: lis
     wd.phase = "undo"
     for c in children:
         c.send("quit")
-    saved = wd.deadline
-    wd.deadline = wd.now() + UNDO_TIMEOUT_S
-    stop = wd.wait(lambda: all(c.has("exit") or not c.alive for c in children))
-    wd.deadline = saved
+    stop = wd.wait(lambda: all(c.has("exit") or not c.alive for c in children), deadline=wd.now() + UNDO_TIMEOUT_S)
     if stop == "deadline":
         result["undo_kill"] = wd.kill_children("undo-timeout")
     for c in children:

@@ -319,9 +319,11 @@ class Watchdog:
                 new.append(ev)
         return new
 
-    def wait(self, until: Callable[[], bool], stall: bool = False) -> str | None:
+    def wait(self, until: Callable[[], bool], stall: bool = False, deadline: float | None = None) -> str | None:
         """Sample every interval until `until()` holds. Returns None, or why it stopped early:
-        'deadline', 'stall' (no progress for stall_after), 'child_exit' (a child died)."""
+        'deadline' (the run's, or this wait's own, in run-relative seconds), 'stall' (no progress
+        for stall_after), 'child_exit' (a child died)."""
+        deadline = self.deadline if deadline is None else deadline
         next_tick = max(time.monotonic(), self._last_tick_mono + self.interval)
         self._last_progress_t = self.now()
         while True:
@@ -335,7 +337,7 @@ class Watchdog:
             if now >= next_tick:
                 self.tick()
                 next_tick = now + self.interval
-                if self.deadline is not None and self.now() > self.deadline:
+                if deadline is not None and self.now() > deadline:
                     return "deadline"
                 if stall and self.now() - self._last_progress_t > self.stall_after:
                     return "stall"
