@@ -15,7 +15,7 @@ from .facts import FACT_LABELS
 from .runs import Run
 from .units import format_bytes, format_duration
 
-__all__ = ["render_report", "key_stack", "matrix_verdict", "MAX_CHARS"]
+__all__ = ["render_report", "key_stack", "matrix_verdict", "staging_body", "MAX_CHARS"]
 
 MAX_CHARS = 50_000       # the whole report
 RAW_BLOCK_CHARS = 3_000  # one raw file in a collapsed section
@@ -177,21 +177,35 @@ def _matrix_body(r: dict, md: bool) -> str:
                     tablefmt="github" if md else "simple") + "\n"
 
 
-def _staging_body(r: dict, md: bool) -> str:
+def staging_body(r: dict, md: bool) -> str:
+    """The staging measurement's table, noise and the --reserve hint (the command and the report)."""
     s = r.get("summary") or {}
     if not s.get("repeats"):
         return "No repeat finished.\n"
     mib = 1 << 20
+
+    def med(st):
+        return "n/a" if st.get("median") is None else f"{st['median'] / mib:+.0f}"
+
+    def rng(st):
+        return "n/a" if st.get("min") is None else f"{st['min'] / mib:+.0f}..{st['max'] / mib:+.0f}"
+
     rows = []
     for side in ("pageable", "pinned"):
         f = s["sides"][side]
-        h, first, thr = f["hidden_total_bytes"], f["first_bytes"], f["throughput_gb_s"]
-        rows.append([side, f"{first['median'] / mib:+.0f}", f"{h['median'] / mib:+.0f}",
-                     f"{h['min'] / mib:+.0f}..{h['max'] / mib:+.0f}", f"{thr['median']:.1f}"])
-    out = tabulate(rows, headers=["side", "after 1st burst MiB", "hidden total MiB (median)", "range", "GB/s"],
-                   tablefmt="github" if md else "simple") + "\n"
-    out += (f"\nnoise: median {s['noise_bytes']['median'] / mib:.1f} MiB; after cudaDeviceReset vs baseline "
-            f"{s['after_reset_vs_baseline_bytes']['median'] / mib:+.0f} MiB; {s['repeats']} repeats\n")
+        thr = f["throughput_gb_s"]["median"]
+        rows.append([side, med(f["first_bytes"]), rng(f["first_bytes"]), med(f["later_mean_bytes"]),
+                     med(f["hidden_total_bytes"]), rng(f["hidden_total_bytes"]), f"{thr:.1f}" if thr else "n/a"])
+    out = tabulate(rows, headers=["side", "after 1st burst MiB", "range", "each later burst MiB", "hidden total MiB",
+                                  "range", "GB/s"], tablefmt="github" if md else "simple") + "\n"
+    noise = s["noise_bytes"]
+    out += (f"\nnoise (baseline drift + sample spread): median {noise['median'] / mib:.1f} MiB, max "
+            f"{noise['max'] / mib:.1f} MiB; context itself: {s['context_bytes']['median'] / mib:+.0f} MiB; after "
+            f"cudaDeviceReset vs baseline: {s['after_reset_vs_baseline_bytes']['median'] / mib:+.0f} MiB; "
+            f"{s['repeats']} repeats\n")
+    d = s.get("difference_hidden_total_bytes") or {}
+    if d.get("median") is not None:
+        out += f"pageable minus pinned, paired by repeat: {med(d)} MiB (range {rng(d)})\n"
     if r.get("reserve_hint"):
         out += f"\napply: {r['reserve_hint']}\n"
     return out
@@ -265,7 +279,7 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
             block = f"```\n{text}\n```\n\nfrom {where}\n" if md else f"{text}\n(from {where})\n"
             parts.append(_section("Kernel stack", block, md))
     elif command == "repro staging":
-        parts.append(_section("Staging memory", _staging_body(r, md), md))
+        parts.append(_section("Staging memory", staging_body(r, md), md))
     elif command == "snapshot":
         parts.append(_section("Snapshot", f"{r.get('files')} files captured, {r.get('skipped')} skipped; CUDA: "
                                           f"{(r.get('cuda') or {}).get('status', 'not probed')}\n", md))

@@ -33,6 +33,7 @@ class Run:
     result: dict[str, Any]
     problems: list[str] = field(default_factory=list)  # manifest verification
     _tmp: str | None = None
+    _facts: dict[str, Any] | None = None
 
     @property
     def command(self) -> str:
@@ -43,6 +44,9 @@ class Run:
         return str(self.result.get("status") or self.result.get("outcome") or "unknown")
 
     def facts(self) -> dict[str, Any]:
+        """The facts the run recorded, completed from its root/ tree (read once)."""
+        if self._facts is not None:
+            return self._facts
         facts = dict(self.result.get("facts") or {})
         root = self.path / "root"
         if root.is_dir():
@@ -52,6 +56,7 @@ class Run:
                     facts[key] = value
         if not facts.get("host"):
             facts["host"] = self.manifest.get("host")
+        self._facts = facts
         return facts
 
     def read_jsonl(self, rel: str) -> list[dict]:

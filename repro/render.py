@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from diag.report import staging_body
 from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
 
 __all__ = ["ProgressLine", "render_result", "render_matrix", "render_staging"]
@@ -115,36 +116,9 @@ def render_staging(r: dict[str, Any]) -> str:
     if o:
         lines.append(f"  {o['repeat']} repeats x {o['bursts']} bursts per side of {format_bytes(o['bytes'])} over "
                      f"{o['threads']} threads, {o['direction']}, order {' '.join(r.get('sequence', []))}")
-    s = r.get("summary") or {}
-    if s.get("repeats"):
-        def mib(st, key="median"):
-            v = st.get(key)
-            return "n/a" if v is None else f"{v / (1 << 20):+.0f}"
-
-        def rng(st):
-            return "n/a" if st.get("min") is None else f"{st['min'] / (1 << 20):+.0f}..{st['max'] / (1 << 20):+.0f}"
-
-        rows = []
-        for side in ("pageable", "pinned"):
-            f = s["sides"][side]
-            rows.append([side, mib(f["first_bytes"]), rng(f["first_bytes"]), mib(f["later_mean_bytes"]),
-                         mib(f["hidden_total_bytes"]), rng(f["hidden_total_bytes"]),
-                         f"{f['throughput_gb_s']['median']:.1f}" if f["throughput_gb_s"]["median"] else "n/a"])
+    if (r.get("summary") or {}).get("repeats"):
         lines.append("")
-        lines.append(tabulate(rows, headers=["side", "after 1st burst MiB", "range", "each later burst MiB",
-                                             "hidden total MiB", "range", "GB/s"]))
-        lines.append("")
-        noise = s["noise_bytes"]
-        lines.append(f"noise (baseline drift + sample spread): median {noise['median'] / (1 << 20):.1f} MiB, "
-                     f"max {noise['max'] / (1 << 20):.1f} MiB; context itself: "
-                     f"{s['context_bytes']['median'] / (1 << 20):+.0f} MiB; after cudaDeviceReset vs baseline: "
-                     f"{s['after_reset_vs_baseline_bytes']['median'] / (1 << 20):+.0f} MiB")
-        d = s.get("difference_hidden_total_bytes") or {}
-        if d.get("median") is not None:
-            lines.append(f"pageable minus pinned, paired by repeat: {d['median'] / (1 << 20):+.0f} MiB "
-                         f"(range {d['min'] / (1 << 20):+.0f}..{d['max'] / (1 << 20):+.0f})")
-    if r.get("reserve_hint"):
-        lines.append(f"apply: {r['reserve_hint']}")
+        lines.append(staging_body(r, md=False).rstrip("\n"))
     for f in r.get("failures", []):
         lines.append(f"repeat {f['repeat']} failed: {f['error']}")
     lines.append("")
