@@ -10,6 +10,6 @@ R=/tmp/rc; mkdir -p $R
   echo "== register twice"; $HP repro register --size 64MiB --register-twice --out $R | head -2
   echo "== readonly flags on a shared file"; $HP repro register --size 1GiB --source file:/var/tmp/hp-ro.bin --map shared --register-flags readonly --out $R | head -2
   echo "== staging, one repeat"; $HP repro staging --repeat 1 --out $R | head -2
-  echo "== report of the last register run"; last=$(ls -td $R/*repro-register* | sed -n 5p); $HP report "$last" --format text | head -12
+  echo "== report of the last register run"; last=$(ls -td $R/*repro-register*/ | head -1); $HP report "$last" --format text | head -12
   echo "left:"; cat /proc/swaps; ls /sys/fs/cgroup | grep hostpin; ls /var/tmp | grep hostpin
 } 2>&1 | tee "$OUT/recheck.txt"

@@ -60,7 +60,7 @@ def rss_by_mapping() -> dict[str, int]:
                     kind = "anon"
                 elif path.startswith("/dev/nvidia"):
                     kind = "nvidia"
-                elif path.startswith(("/dev/shm", "/memfd:", "/SYSV")) or "(deleted)" in line and "/dev/shm" in line:
+                elif path.startswith(("/dev/shm", "/memfd:", "/SYSV")):
                     kind = "shmem"
                 elif path.startswith("/"):
                     kind = "file"
