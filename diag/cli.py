@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
+from .fleet import FLEET_AFTER
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
 __all__ = ["cli", "SIZE", "RATE", "RANKS", "out_option", "json_option", "open_run"]
@@ -94,7 +95,42 @@ def open_run(out: Path | None, command: str, durable: bool = False):
                                    "choose another with --out")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class HostpinGroup(click.Group):
+    """Every command that writes a run takes --config: the site file fills its options' defaults."""
+    group_class = type  # `hostpin repro` is one too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        from .config import config_option
+        if not isinstance(cmd, click.Group) and any(p.name == "out" for p in cmd.params):
+            cmd.params.append(config_option())
+        super().add_command(cmd, name)
+
+
+def _gate_errors(func):
+    """With --format line/npd, what the gate prints is one line whatever happens: node-problem-detector
+    reads a traceback's exit code 1 as "problem", so an error inside preflight becomes "unknown"."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("fmt") not in ("line", "npd"):
+            return func(*args, **kwargs)
+        from .gate import NPD_UNKNOWN, unevaluated_line
+        try:
+            return func(*args, **kwargs)
+        except (click.UsageError, KeyboardInterrupt):
+            raise
+        except click.ClickException as exc:
+            why, code = exc.format_message(), exc.exit_code
+        except Exception as exc:  # one line for the machine reading it; the traceback is no use at 80 chars
+            why, code = f"{type(exc).__name__}: {exc}", EXIT_UNEVALUATED
+        click.echo(unevaluated_line(why))
+        click.echo(f"hostpin: error: {why}", err=True)
+        return NPD_UNKNOWN if kwargs["fmt"] == "npd" else max(code, EXIT_UNEVALUATED)
+    return wrapper
+
+
+@click.group(cls=HostpinGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="hostpin", prog_name="hostpin")
 def cli():
     """hostpin: preflight, reproduce and prove pinned host memory problems on NVIDIA GPU nodes.
@@ -139,15 +175,22 @@ def cli():
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
+@click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
+              help="line: one short line starting 'hostpin: ' (a Slurm drain reason); npd: the same line with "
+                   "node-problem-detector's exit codes (0 ok, 1 problem, 2 unknown).")
 @json_option
 @out_option
+@_gate_errors
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
-              cuda_timeout, sample, skip, strict, prometheus, as_json, out):
+              cuda_timeout, sample, skip, strict, prometheus, as_json, out, fmt):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
-    --strict); 2: bad command line; 3: the node could not be evaluated.
+    --strict); 2: bad command line; 3: the node could not be evaluated. With --format npd:
+    0 ok, 1 problem, 2 unknown. The plan and settings can come from a site file (--config).
     """
+    if as_json and fmt != "table":
+        raise click.UsageError("give --json or --format, not both")
     from .checks import Plan, all_checks
     from .preflight import run_preflight
     from .render import render_preflight
@@ -188,9 +231,15 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
             result["prometheus"] = str(write_textfile(result, prometheus, _time.time()))
         except OSError as exc:
             raise click.ClickException(f"cannot write {prometheus}: {exc.strerror}")
+    from .config import record_config
+    record_config(run, result)
     run.finish(result)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
+    elif fmt != "table":
+        from .gate import npd_exit_code, short_line
+        click.echo(short_line(result))
+        return npd_exit_code(result) if fmt == "npd" else result["exit_code"]
     else:
         click.echo(render_preflight(result))
     return result["exit_code"]
@@ -300,17 +349,32 @@ def bundle(run_dir, output, redact, as_json):
 @cli.command()
 @click.argument("runs", metavar="RUN_A RUN_B [RUN_C ...]", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["markdown", "text"]), default="text", show_default=True)
+@click.option("--columns", is_flag=True, help=f"One column per run even past {FLEET_AFTER} runs (default: "
+                                              "a fleet summary there).")
 @json_option
-def compare(runs, fmt, as_json):
+def compare(runs, fmt, columns, as_json):
     """Runs or nodes side by side: what differs first (verdicts, kernel, driver, THP, swap and
-    swap-in rate, free order-9 memory, headroom, pin times and rates), equal facts folded."""
+    swap-in rate, free order-9 memory, headroom, pin times and rates), equal facts folded.
+
+    Past a handful of runs, a fleet summary instead: nodes per verdict and the checks behind
+    them, each figure that differs with its min / median / max and the nodes that stand out,
+    and groups of nodes sharing kernel, driver and THP settings. A directory that holds run
+    directories (hostpin-runs/, or one per node as srun --out gives) stands for all of them.
+    """
     from .compare import comparison_rows, render_compare
-    if len(runs) < 2:
+    from .fleet import fleet_summary, render_fleet
+    paths = _expand_runs(runs)
+    if len(paths) < 2:
         raise click.BadParameter("give at least two runs, e.g. hostpin compare hostpin-runs/A hostpin-runs/B",
                                  param_hint="RUN")
-    opened = [_open(r) for r in runs]
+    opened = []
     try:
-        if as_json:
+        for path in paths:
+            opened.append(_open(path))
+        if len(opened) > FLEET_AFTER and not columns:
+            summary = fleet_summary(opened)
+            click.echo(json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt))
+        elif as_json:
             differ, equal = comparison_rows(opened)
             click.echo(json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2))
         else:
@@ -319,3 +383,29 @@ def compare(runs, fmt, as_json):
         for r in opened:
             r.close()
     return EXIT_OK
+
+
+def _expand_runs(args) -> list[str]:
+    """Each argument as given, except a directory without a manifest: the run directories inside it
+    (and one level below, for one directory per node), in name order; links are not followed."""
+    out: list[str] = []
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir() and not p.is_symlink() and not (p / "manifest.json").exists() \
+                and not (p / "manifest.jsonl").exists():
+            found = []
+            for child in sorted(p.iterdir()):
+                if child.is_symlink() or not child.is_dir():
+                    continue
+                if (child / "manifest.json").exists() or (child / "manifest.jsonl").exists():
+                    found.append(str(child))
+                else:
+                    found += [str(g) for g in sorted(child.iterdir()) if not g.is_symlink() and g.is_dir()
+                              and ((g / "manifest.json").exists() or (g / "manifest.jsonl").exists())]
+            if not found:
+                raise click.BadParameter(f"{arg} holds no run directories (none with a manifest.json)",
+                                         param_hint="RUN")
+            out += found
+        else:
+            out.append(arg)
+    return out

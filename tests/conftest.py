@@ -19,6 +19,10 @@ REPO = HERE.parent
 
 IS_ROOT = os.geteuid() == 0
 
+# the suite's commands must not pick up a site file this machine may have (/etc/hostpin/hostpin.toml);
+# tests of the site file name theirs
+os.environ.setdefault("HOSTPIN_CONFIG", "none")
+
 
 @pytest.fixture
 def tree(tmp_path):

@@ -1,0 +1,203 @@
+"""`hostpin compare` past a handful of runs: a fleet summary that reads the same at 10 nodes or 1,000.
+
+Columns stop being readable after a few runs, so for many runs compare says: how many nodes per
+verdict and which checks put them there; for each figure that differs, its spread (min, median,
+max, or its values with counts) and the nodes that stand out from the majority, with their values;
+and the groups of nodes that share kernel, driver and THP settings. The figures are the ones
+compare shows in columns (compare.run_figures); nothing is read twice.
+
+A number stands out when it is further from the median than both 5 robust standard deviations
+(1.4826 x the median absolute deviation) and 10% of the median (and a small floor per unit, so that
+0 vs 4 KiB of swap is not news). A value stands out when it is not the most common one.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from .compare import LABELS, _BYTES, _fmt, run_figures
+from .runs import Run
+
+__all__ = ["FLEET_AFTER", "fleet_summary", "render_fleet"]
+
+FLEET_AFTER = 6          # more runs than this: a summary instead of one column per run
+SHOW_NODES = 4           # nodes named per line in text; --json lists every one
+GROUP_LINES = 6
+LINE_WIDTH = 120
+# figures that are the run's identity or are shown elsewhere in the summary
+_NOT_FIGURES = {"host", "verdict", "status"}
+_FLOORS = {"bytes": 256 << 20, "swapin_pages_per_s": 100.0, "psi_some_avg10": 1.0, "unusable_index_order9": 0.05,
+           "pin_seconds": 1.0}
+_GROUP_KEYS = ("kernel", "driver", "thp_enabled", "thp_defrag")
+
+
+def _node_names(runs: list[Run], figures: list[dict[str, Any]]) -> list[str]:
+    hosts = [str(f.get("host") or r.path.name) for r, f in zip(runs, figures)]
+    counts = Counter(hosts)
+    return [h if counts[h] == 1 else f"{h}:{r.path.name}" for h, r in zip(hosts, runs)]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numeric(key: str, pairs: list[tuple[str, float]]) -> dict[str, Any]:
+    values = sorted(v for _, v in pairs)
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    floor = _FLOORS["bytes"] if key in _BYTES else _FLOORS.get(key, 0.0)
+    limit = max(5 * 1.4826 * mad, 0.10 * abs(median), floor)
+    out = [(n, v) for n, v in pairs if abs(v - median) > limit]
+    out.sort(key=lambda nv: -abs(nv[1] - median))
+    return {"kind": "number", "min": values[0], "median": median, "max": values[-1],
+            "outliers": [{"node": n, "value": v} for n, v in out]}
+
+
+def _categorical(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    counts = Counter(str(v) for _, v in pairs)
+    ranked = counts.most_common()
+    majority = ranked[0][0]
+    # a value a sizeable part of the fleet shares is a group (listed under groups), not an outlier;
+    # a figure with a value per node (serials, addresses) has no majority to stand out from
+    rare = max(2, len(pairs) // 20)
+    out = [] if len(ranked) > max(3, len(pairs) // 2) else \
+        [{"node": n, "value": str(v)} for n, v in pairs if str(v) != majority and counts[str(v)] <= rare]
+    out.sort(key=lambda o: (counts[o["value"]], o["value"], o["node"]))
+    return {"kind": "value", "majority": majority, "values": dict(ranked), "outliers": out}
+
+
+def fleet_summary(runs: list[Run]) -> dict[str, Any]:
+    """Verdict counts, the figures that differ with their spread and outliers, and node groups."""
+    figures = [run_figures(r) for r in runs]
+    names = _node_names(runs, figures)
+    verdicts: dict[str, dict[str, Any]] = {}
+    for name, f in zip(names, figures):
+        v = verdicts.setdefault(str(f.get("status") or "unknown"), {"count": 0, "nodes": [], "checks": {}})
+        v["count"] += 1
+        v["nodes"].append(name)
+        for key, status in f.items():
+            if key.startswith("check ") and status == f.get("status") and status != "pass":
+                v["checks"].setdefault(key[6:], []).append(name)
+    order = {"fail": 0, "error": 1, "unevaluated": 1, "warn": 2}
+    verdicts = dict(sorted(verdicts.items(), key=lambda kv: (order.get(kv[0], 3), -kv[1]["count"])))
+    for v in verdicts.values():
+        v["checks"] = dict(sorted(v["checks"].items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+    keys: list[str] = []
+    for f in figures:
+        keys += [k for k in f if k not in keys and k not in _NOT_FIGURES]
+    differ, equal = [], []
+    for key in keys:
+        pairs = [(n, f[key]) for n, f in zip(names, figures) if f.get(key) is not None]
+        if not pairs:
+            continue
+        missing = len(names) - len(pairs)
+        if len({str(v) for _, v in pairs}) <= 1:
+            if not key.startswith("check "):
+                equal.append(LABELS.get(key, key))
+            continue
+        numeric = all(_is_number(v) for _, v in pairs)
+        entry = {"key": key, "label": LABELS.get(key, key), "nodes": len(pairs), "missing": missing,
+                 **(_numeric(key, pairs) if numeric else _categorical(pairs))}
+        differ.append(entry)
+    # per-check statuses are the verdict section's business; keep them out of the figure lines
+    checks = [d for d in differ if d["key"].startswith("check ")]
+    differ = [d for d in differ if not d["key"].startswith("check ")]
+
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for name, f in zip(names, figures):
+        groups[tuple(f.get(k) for k in _GROUP_KEYS)].append(name)
+    group_list = [{**dict(zip(_GROUP_KEYS, key)), "count": len(nodes), "nodes": nodes}
+                  for key, nodes in sorted(groups.items(), key=lambda kv: (-len(kv[1]), str(kv[0])))]
+
+    standout: dict[str, list[str]] = defaultdict(list)
+    for d in differ:
+        for o in d["outliers"]:
+            standout[o["node"]].append(d["label"])
+    return {"mode": "fleet", "runs": len(runs), "nodes": len(set(names)),
+            "verdicts": verdicts, "differ": differ, "check_spread": checks, "equal": equal,
+            "groups": group_list, "stand_out": dict(sorted(standout.items(), key=lambda kv: (-len(kv[1]), kv[0]))),
+            "unverified": [{"node": n, "problems": r.problems[:3]} for n, r in zip(names, runs) if r.problems],
+            "sources": {n: r.source for n, r in zip(names, runs)}}
+
+
+def _names(nodes: list[str], n: int = SHOW_NODES) -> str:
+    more = len(nodes) - n
+    return ", ".join(nodes[:n]) + (f" +{more} more" if more > 0 else "")
+
+
+def _value_text(key: str, value: Any) -> str:
+    return _fmt(key, value) if _is_number(value) else str(value)
+
+
+def _figure_line(d: dict[str, Any]) -> tuple[str, str]:
+    key = d["key"]
+    if d["kind"] == "number":
+        spread = " / ".join(_fmt(key, d[k]) for k in ("min", "median", "max"))
+    else:
+        values = list(d["values"].items())
+        spread = "; ".join(f"{v} on {c}" for v, c in values[:2]) + (f"; {len(values) - 2} more"
+                                                                      if len(values) > 2 else "")
+    if d.get("missing"):
+        spread += f" ({d['missing']} without it)"
+    outs = d["outliers"]
+    shown = ", ".join(f"{o['node']} {_value_text(key, o['value'])}" for o in outs[:SHOW_NODES])
+    if len(outs) > SHOW_NODES:
+        shown += f" +{len(outs) - SHOW_NODES} more"
+    return spread, shown
+
+
+def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
+    md = fmt == "markdown"
+    h = "## " if md else ""
+    counts = ", ".join(f"{v['count']} {k.upper()}" for k, v in summary["verdicts"].items())
+    lines = [("# " if md else "") + f"hostpin compare: {summary['runs']} runs from {summary['nodes']} nodes: {counts}",
+             f"(fleet summary; --columns shows one column per run, --json every node)", ""]
+    lines.append(f"{h}verdicts")
+    for status, v in summary["verdicts"].items():
+        checks = ", ".join(f"{c} {len(n)}" for c, n in list(v["checks"].items())[:5])
+        nodes = "" if status == "pass" else f": {_names(v['nodes'])}"
+        lines.append(f"  {status.upper():<5} {v['count']:>5}" + (f"  {checks}" if checks else "") + nodes)
+    if summary["unverified"]:
+        bad = [u["node"] for u in summary["unverified"]]
+        lines.append(f"  {len(bad)} runs do not match their manifest (changed since written): {_names(bad)}")
+    lines.append("")
+    if summary["differ"]:
+        lines.append(f"{h}figures that differ: min / median / max (or values), then the nodes that stand out")
+        rows = [(d["label"], *_figure_line(d)) for d in summary["differ"]]
+        w0 = max(len(r[0]) for r in rows)
+        w1 = min(max(len(r[1]) for r in rows), 40)
+        for label, spread, shown in rows:
+            line = f"  {label:<{w0}}  {spread:<{w1}}  {shown}".rstrip()
+            if len(line) <= LINE_WIDTH:
+                lines.append(line)
+            else:  # the nodes on a line of their own, under the spread
+                lines.append(f"  {label:<{w0}}  {spread}")
+                if shown:
+                    lines.append(f"  {'':<{w0}}  -> {shown}")
+    else:
+        lines.append("every figure is equal on every node")
+    if summary["equal"]:
+        lines.append("")
+        lines.append(f"equal on every node: {', '.join(summary['equal'])}")
+    if summary["stand_out"]:
+        lines.append("")
+        lines.append(f"{h}nodes that stand out ({len(summary['stand_out'])})")
+        for node, labels in list(summary["stand_out"].items())[:8]:
+            lines.append(f"  {node}: {', '.join(labels)}")
+        if len(summary["stand_out"]) > 8:
+            lines.append(f"  ... {len(summary['stand_out']) - 8} more (--json lists them)")
+    lines.append("")
+    groups = summary["groups"]
+    lines.append(f"{h}groups by kernel, driver, THP enabled/defrag ({len(groups)})")
+    for g in groups[:GROUP_LINES]:
+        what = ", ".join(str(g[k]) if g[k] is not None else "?" for k in ("kernel", "driver")) + \
+            f", THP {g['thp_enabled'] or '?'}/{g['thp_defrag'] or '?'}"
+        nodes = f": {_names(g['nodes'])}" if g["count"] <= SHOW_NODES else ""
+        lines.append(f"  {g['count']:>5}  {what}{nodes}")
+    if len(groups) > GROUP_LINES:
+        rest = groups[GROUP_LINES:]
+        lines.append(f"  {sum(g['count'] for g in rest):>5}  in {len(rest)} smaller groups (--json lists them)")
+    text = "\n".join(lines) + "\n"
+    return text if not md else text.replace("\n  ", "\n- ")

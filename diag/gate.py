@@ -1,0 +1,96 @@
+"""A preflight result as the machines that act on it read it: one short line and an exit code.
+
+A Slurm prolog puts the line into the node's drain reason (`scontrol ... reason="$line"`), and
+node-problem-detector's custom plugins must print one short line and exit 0 (OK), 1 (problem) or
+2 (unknown). Every line starts with "hostpin: ", so that a script can tell a node hostpin drained
+from one an administrator drained, and holds only printable ASCII without quotes.
+
+>>> short_line({"status": "fail", "checks": [{"id": "headroom", "status": "fail", "summary": "x",
+...     "evidence": {"binding": "MemAvailable", "binding_bytes": 38 << 30, "need_with_tables_bytes": 101798205849}}]})
+'hostpin: headroom 38 GiB < 94.8 GiB'
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .exitcodes import EXIT_FAIL, EXIT_OK
+from .units import format_bytes
+
+__all__ = ["PREFIX", "LINE_LIMIT", "short_line", "npd_exit_code", "NPD_OK", "NPD_PROBLEM", "NPD_UNKNOWN",
+           "unevaluated_line"]
+
+PREFIX = "hostpin: "
+LINE_LIMIT = 80  # node-problem-detector's default max_output_length; also what `sinfo -R` users read
+NPD_OK, NPD_PROBLEM, NPD_UNKNOWN = 0, 1, 2
+_UNSAFE = re.compile(r"[^\x20-\x7e]|[\"'`$\\]")
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"\s+", " ", _UNSAFE.sub(" ", str(text))).strip()
+
+
+def _fit(text: str, limit: int) -> str:
+    text = _clean(text)
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    word = cut.rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return (word if len(word) >= limit // 2 else cut) + "..."
+
+
+def _check_phrase(check: dict[str, Any]) -> str:
+    """The finding of one check in a few words, with its numbers where the check gives them."""
+    ev = check.get("evidence") or {}
+    if check["id"] == "headroom" and ev.get("need_with_tables_bytes") is not None:
+        what = "cgroup headroom" if "cgroup" in str(ev.get("binding")) else "headroom"
+        have, need = ev.get("binding_bytes") or 0, ev["need_with_tables_bytes"]
+        if check["status"] == "warn":
+            return (f"headroom leaves {format_bytes(max(0, have - need))} < margin "
+                    f"{format_bytes(ev.get('margin_bytes') or 0)}")
+        return f"{what} {format_bytes(have)} < {format_bytes(need)}"
+    summary = _clean(check.get("summary") or check.get("status", ""))
+    head = re.split(r";|: (?=[a-z])", summary, maxsplit=1)[0]
+    return f"{check['id']}: {head if len(head) >= 12 else summary}"
+
+
+def short_line(result: dict[str, Any], limit: int = LINE_LIMIT) -> str:
+    """One line, at most `limit` characters, starting "hostpin: ": the first failure (or warning) with
+    its numbers and the other checks that failed, or that the plan fits."""
+    status = result.get("status")
+    checks = result.get("checks") or []
+    if status not in ("pass", "warn", "fail"):
+        return unevaluated_line(result.get("verdict") or "not evaluated", limit)
+    bad = [c for c in checks if c.get("status") == status] if status in ("fail", "warn") else []
+    if not bad:
+        plan = (result.get("plan") or {}).get("describe")
+        return _fit(PREFIX + (f"ok: can pin {plan}" if plan and (result.get("plan") or {}).get("size_bytes")
+                              else "ok"), limit)
+    first = _check_phrase(bad[0])
+    strict = status == "warn" and result.get("exit_code") == EXIT_FAIL
+    if status == "warn":
+        first = ("warning (strict): " if strict else "warning: ") + first
+    others = [c["id"] for c in bad[1:]]
+    tail = f" (+{', '.join(others)})" if others else ""
+    room = limit - len(PREFIX) - len(tail)
+    if room < 24:  # too many others to name: count them instead
+        tail = f" (+{len(others)} more)"
+        room = limit - len(PREFIX) - len(tail)
+    return PREFIX + _fit(first, room) + tail
+
+
+def unevaluated_line(why: str, limit: int = LINE_LIMIT) -> str:
+    why = re.sub(r"^cannot evaluate this node: ", "", _clean(why))
+    why = re.sub(r"\S*?/((?:proc|sys)/\S+)", r"\1", why)  # the file, not where the tree was
+    return PREFIX + _fit(f"not evaluated: {why}", limit - len(PREFIX))
+
+
+def npd_exit_code(result: dict[str, Any]) -> int:
+    """node-problem-detector's plugin contract: 0 OK, 1 problem, 2 unknown. A warning is OK unless the
+    gate was made strict (then preflight's own exit code is already 1)."""
+    code = result.get("exit_code")
+    if code == EXIT_OK:
+        return NPD_OK
+    if code == EXIT_FAIL:
+        return NPD_PROBLEM
+    return NPD_UNKNOWN
