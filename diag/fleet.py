@@ -137,8 +137,10 @@ def _figure_line(d: dict[str, Any]) -> tuple[str, str]:
         spread = " / ".join(_fmt(key, d[k]) for k in ("min", "median", "max"))
     else:
         values = list(d["values"].items())
-        spread = "; ".join(f"{v} on {c}" for v, c in values[:2]) + (f"; {len(values) - 2} more"
-                                                                      if len(values) > 2 else "")
+        rest = len(values) - 2
+        spread = "; ".join(f"{v} on {c}" for v, c in values[:2])
+        if rest > 0:
+            spread += f"; +{rest} more value{'s' if rest > 1 else ''}"
     if d.get("missing"):
         spread += f" ({d['missing']} without it)"
     outs = d["outliers"]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 NODE = "hostpin-test"
-BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "sinfo", "squeue", "scancel")
+BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "sinfo", "squeue", "scancel")
 
 
 def missing_binaries() -> list[str]:

@@ -69,6 +69,7 @@ def test_daemonset_is_what_the_probe_and_the_headroom_check_need():
 
 
 def test_the_shipped_site_file_is_one_hostpin_accepts(tmp_path):
+    assert _site_toml() == (REPO / "deploy" / "hostpin.toml").read_text()  # the ConfigMap carries it verbatim
     site = tmp_path / "hostpin.toml"
     site.write_text(_site_toml())
     r = hostpin("preflight", "--config", str(site), "--root", str(FIXTURES / "h200-fc-snapshot"), "--json",

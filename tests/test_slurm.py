@@ -122,6 +122,12 @@ def test_gate_passes_warns_drains_and_resumes(cluster):
     job = cluster.submit("echo ran-after-resume")
     assert cluster.wait(lambda: _finished(cluster, job), 60, "a job after the resume") == "COMPLETED"
     cluster.run("scancel", failed)
+    # the README's collection recipe: one preflight per node through srun, into one directory
+    out = cluster.dir / "collected"
+    cluster.run("srun", "--nodes=1", "--ntasks-per-node=1", str(cluster.dir / "hostpin"), "preflight",
+                "--config", str(cluster.dir / "hostpin.toml"), "--out", str(out), "--format", "line")
+    (collected,) = out.iterdir()
+    assert json.loads((collected / "result.json").read_text())["status"] == "pass"
 
     # 5. a node an administrator drained stays drained, with the administrator's reason
     cluster.run("scontrol", "update", "nodename=hostpin-test", "state=drain", "reason=disk replacement")
