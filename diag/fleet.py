@@ -6,7 +6,7 @@ max, or its values with counts) and the nodes that stand out from the majority, 
 and the groups of nodes that share kernel, driver and THP settings. The figures are the ones
 compare shows in columns (compare.run_figures); nothing is read twice.
 
-A number stands out when it is further from the median than both 5 robust standard deviations
+A number stands out when it is further from the median than both 3.5 robust standard deviations
 (1.4826 x the median absolute deviation) and 10% of the median (and a small floor per unit, so that
 0 vs 4 KiB of swap is not news). A value stands out when it is not the most common one.
 """
@@ -32,10 +32,21 @@ _FLOORS = {"bytes": 256 << 20, "swapin_pages_per_s": 100.0, "psi_some_avg10": 1.
 _GROUP_KEYS = ("kernel", "driver", "thp_enabled", "thp_defrag")
 
 
-def _node_names(runs: list[Run], figures: list[dict[str, Any]]) -> list[str]:
-    hosts = [str(f.get("host") or r.path.name) for r, f in zip(runs, figures)]
-    counts = Counter(hosts)
-    return [h if counts[h] == 1 else f"{h}:{r.path.name}" for h, r in zip(hosts, runs)]
+def _hosts(runs: list[Run], figures: list[dict[str, Any]]) -> list[str]:
+    return [str(f.get("host") or r.path.name) for r, f in zip(runs, figures)]
+
+
+def _node_names(runs: list[Run], hosts: list[str]) -> list[str]:
+    """The host name, or host:RUN where a host has several runs, or host:DIR/RUN where that is not enough."""
+    names = list(hosts)
+    for depth in (1, 2, 3):
+        counts = Counter(names)
+        if len(counts) == len(names):
+            break
+        names = [n if counts[n] == 1 else f"{h}:{'/'.join(r.path.parts[-depth:])}"
+                 for n, h, r in zip(names, hosts, runs)]
+    counts = Counter(names)
+    return [n if counts[n] == 1 else f"{n}#{i + 1}" for i, n in enumerate(names)]
 
 
 def _is_number(v: Any) -> bool:
@@ -47,7 +58,7 @@ def _numeric(key: str, pairs: list[tuple[str, float]]) -> dict[str, Any]:
     median = statistics.median(values)
     mad = statistics.median(abs(v - median) for v in values)
     floor = _FLOORS["bytes"] if key in _BYTES else _FLOORS.get(key, 0.0)
-    limit = max(5 * 1.4826 * mad, 0.10 * abs(median), floor)
+    limit = max(3.5 * 1.4826 * mad, 0.10 * abs(median), floor)
     out = [(n, v) for n, v in pairs if abs(v - median) > limit]
     out.sort(key=lambda nv: -abs(nv[1] - median))
     return {"kind": "number", "min": values[0], "median": median, "max": values[-1],
@@ -70,7 +81,8 @@ def _categorical(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def fleet_summary(runs: list[Run]) -> dict[str, Any]:
     """Verdict counts, the figures that differ with their spread and outliers, and node groups."""
     figures = [run_figures(r) for r in runs]
-    names = _node_names(runs, figures)
+    hosts = _hosts(runs, figures)
+    names = _node_names(runs, hosts)
     verdicts: dict[str, dict[str, Any]] = {}
     for name, f in zip(names, figures):
         v = verdicts.setdefault(str(f.get("status") or "unknown"), {"count": 0, "nodes": [], "checks": {}})
@@ -115,7 +127,7 @@ def fleet_summary(runs: list[Run]) -> dict[str, Any]:
     for d in differ:
         for o in d["outliers"]:
             standout[o["node"]].append(d["label"])
-    return {"mode": "fleet", "runs": len(runs), "nodes": len(set(names)),
+    return {"mode": "fleet", "runs": len(runs), "nodes": len(set(hosts)),
             "verdicts": verdicts, "differ": differ, "check_spread": checks, "equal": equal,
             "groups": group_list, "stand_out": dict(sorted(standout.items(), key=lambda kv: (-len(kv[1]), kv[0]))),
             "unverified": [{"node": n, "problems": r.problems[:3]} for n, r in zip(names, runs) if r.problems],
@@ -154,13 +166,15 @@ def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
     md = fmt == "markdown"
     h = "## " if md else ""
     counts = ", ".join(f"{v['count']} {k.upper()}" for k, v in summary["verdicts"].items())
-    lines = [("# " if md else "") + f"hostpin compare: {summary['runs']} runs from {summary['nodes']} nodes: {counts}",
+    nodes = f"{summary['nodes']} node{'s' if summary['nodes'] != 1 else ''}"
+    lines = [("# " if md else "") + f"hostpin compare: {summary['runs']} runs from {nodes}: {counts}",
              f"(fleet summary; --columns shows one column per run, --json every node)", ""]
     lines.append(f"{h}verdicts")
+    width = max([5] + [len(s) for s in summary["verdicts"]])
     for status, v in summary["verdicts"].items():
         checks = ", ".join(f"{c} {len(n)}" for c, n in list(v["checks"].items())[:5])
         nodes = "" if status == "pass" else f": {_names(v['nodes'])}"
-        lines.append(f"  {status.upper():<5} {v['count']:>5}" + (f"  {checks}" if checks else "") + nodes)
+        lines.append(f"  {status.upper():<{width}} {v['count']:>5}" + (f"  {checks}" if checks else "") + nodes)
     if summary["unverified"]:
         bad = [u["node"] for u in summary["unverified"]]
         lines.append(f"  {len(bad)} runs do not match their manifest (changed since written): {_names(bad)}")
