@@ -167,7 +167,9 @@ def test_gate_without_slurm_variables_is_a_health_check_and_exits_by_the_verdict
            "HOSTPIN_STATE_DIR": str(tmp_path / "state"), "SCONTROL": "/nonexistent/scontrol",
            "SINFO": "/nonexistent/sinfo", "SLURMD_NODENAME": "n1", "PYTHONPATH": str(REPO)}
     import subprocess
-    r = subprocess.run([str(GATE)], env=env, capture_output=True, text=True, timeout=60)
+    # a site file named relative to where the gate was started is found although runs go elsewhere
+    r = subprocess.run([str(GATE)], env={**env, "HOSTPIN_CONFIG": "site.toml"}, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 1, r.stderr
     assert "healthcheck n1: could not drain the node: hostpin: headroom" in r.stderr
     (tmp_path / "site.toml").write_text(PASSING)
