@@ -14,7 +14,6 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
-from .fleet import FLEET_AFTER
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
 __all__ = ["cli", "SIZE", "RATE", "RANKS", "out_option", "json_option", "open_run"]
@@ -58,6 +57,7 @@ class RanksType(click.ParamType):
 
 
 SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
+FLEET_AFTER = 6  # compare: more runs than this read as a fleet summary, not one column per run
 
 
 def _margin(ctx, param, value):

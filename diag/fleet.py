@@ -19,9 +19,8 @@ from typing import Any
 from .compare import LABELS, _BYTES, _fmt, run_figures
 from .runs import Run
 
-__all__ = ["FLEET_AFTER", "fleet_summary", "render_fleet"]
+__all__ = ["fleet_summary", "render_fleet"]
 
-FLEET_AFTER = 6          # more runs than this: a summary instead of one column per run
 SHOW_NODES = 4           # nodes named per line in text; --json lists every one
 GROUP_LINES = 6
 LINE_WIDTH = 120
