@@ -46,6 +46,14 @@ class SlurmError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:
+    """In the daemon before exec: SIGTERM when the test process dies, even by SIGKILL, so that no
+    munged, slurmctld or slurmd outlives a test run that was killed before its clean-up."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 15, 0, 0, 0)
+
+
 class SlurmCluster:
     def __init__(self, prolog: str | None = None, healthcheck: str | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="hostpin-slurm-", dir="/tmp"))
@@ -115,7 +123,7 @@ class SlurmCluster:
         """Run in the foreground as our child (so it is ours to stop and to reap), until ready() holds."""
         log = open(self.dir / "log" / f"{name}.stderr", "wb")
         self.procs[name] = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         deadline = time.monotonic() + 30
         while not ready():
