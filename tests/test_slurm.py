@@ -21,7 +21,9 @@ from conftest import IS_ROOT, REPO
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 GATE = REPO / "deploy" / "slurm" / "hostpin-gate"
-BASE = '[preflight]\nno-cuda = true\nsample = 0\n'
+# the other engineers' tests on this machine move swap, fragmentation and pressure at any time: those
+# checks are skipped, so that the plans fit, warn and fail on headroom alone
+BASE = '[preflight]\nno-cuda = true\nsample = 0\nskip = ["swap", "fragmentation", "psi"]\n'
 PASSING = '[plan]\nsize = "256MiB"\nmethod = "mlock"\n' + BASE
 FAILING = '[plan]\nsize = "1TiB"\nmethod = "mlock"\n' + BASE
 WARNING = '[plan]\nsize = "256MiB"\nmethod = "mlock"\n' + BASE + 'margin = "99%"\n'
