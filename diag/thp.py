@@ -36,11 +36,11 @@ def parse_selected(text: str) -> str | None:
     >>> parse_selected("[always] [never]") is None, parse_selected("")
     (True, None)
     """
-    chosen = re.findall(r"\[([^\]]+)\]", text)
-    if len(chosen) > 1:
-        return None  # two selections: the file is damaged
+    if text.count("[") > 1 or text.count("]") > 1:
+        return None  # two selections, or stray brackets: the file is damaged
+    chosen = re.findall(r"\[([^\[\]\s]+)\]", text)
     if chosen:
-        return chosen[0].strip() or None
+        return chosen[0]
     text = text.strip()
     if "[" in text or "]" in text or " " in text:
         return None  # a choice list without a selection, or a half bracket

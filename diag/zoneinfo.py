@@ -12,7 +12,10 @@ from .parsing import ParsedList, to_int
 from .rootfs import Root
 from .units import PAGE_SIZE
 
-__all__ = ["Zone", "parse_zoneinfo", "read_zoneinfo"]
+__all__ = ["Zone", "parse_zoneinfo", "read_zoneinfo", "ZONE_NAMES"]
+
+# mm/page_alloc.c zone_names[]: a header naming anything else is damage
+ZONE_NAMES = ("DMA", "DMA32", "Normal", "HighMem", "Movable", "Device")
 
 
 @dataclass
@@ -63,7 +66,8 @@ def parse_zoneinfo(text: str, page_size: int = PAGE_SIZE) -> ParsedList:
             left, _, right = line.partition("zone")
             node = to_int(left.replace("Node", "").strip().rstrip(","))
             name = right.strip()
-            if node is None or not name or " " in name:
+            if node is None or name not in ZONE_NAMES or any(
+                    z.node == node and z.zone == name for z in zones):
                 zones.bad.append(f"header {line.strip()[:60]!r}")
                 current = None
                 continue
@@ -79,12 +83,14 @@ def parse_zoneinfo(text: str, page_size: int = PAGE_SIZE) -> ParsedList:
         if in_pagesets:
             continue
         parts = stripped.split()
+        if not parts or stripped.startswith(("per-node stats", "protection:")):
+            continue  # a heading, and the lowmem reserve list, which we do not read
         if stripped.startswith("pages free"):
-            key, text_value = "free", parts[2] if len(parts) == 3 else " ".join(parts[2:])
-        elif len(parts) == 2 and parts[0].rstrip(":").replace("_", "").isalnum() and parts[0] != "per-node":
-            key, text_value = parts[0].rstrip(":"), parts[1]
+            key, text_value = "free", " ".join(parts[2:])
+        elif parts[0].rstrip(":").replace("_", "").isalnum():
+            key, text_value = parts[0].rstrip(":"), " ".join(parts[1:])  # 'name value'; anything else is damage
         else:
-            continue  # 'per-node stats', 'protection: (...)', and anything we do not read
+            key, text_value = stripped[:20], ""
         value = to_int(text_value)
         if value is None:
             what = f"Node {current.node} zone {current.zone}: {key}={text_value[:20]!r}"

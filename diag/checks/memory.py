@@ -119,15 +119,16 @@ def headroom(ctx: Context) -> Verdict:
         "mem_total_bytes": m.total_bytes, "mem_available_bytes": m.available_bytes,
         "margin": plan.margin, "margin_bytes": r.margin_bytes, "node_margin_bytes": r.node_margin_bytes,
         "cgroup": _cgroup_evidence(ctx), "mlocked_bytes": m.mlocked_bytes,
-        "binding": r.binding, "binding_dir": r.binding_dir, "binding_bytes": r.available_bytes,
+        "binding": r.binding, "binding_dir": ctx.root.display(r.binding_dir) if r.binding_dir else None,
+        "binding_bytes": r.available_bytes,
         "driver_bytes_per_page": catalog.DRIVER_BYTES_PER_PAGE, "page_size": ctx.page_size,
         "note": "Mlocked and VmLck do not count pages pinned by the NVIDIA driver (catalog 16): cudaHostAlloc "
                 "pages show as Shmem/RssShmem, both methods in pins outstanding (nr_foll_pin_acquired - "
                 "nr_foll_pin_released); after launch watch MemAvailable, never locked memory.",
     }
     where = ("MemAvailable" if r.binding == "MemAvailable" else
-             f"cgroup v{cg.version} {r.binding_dir} (limit {format_bytes(cg.binding.limit_bytes)} - working set "
-             f"{format_bytes(cg.binding.working_set_bytes)})")
+             f"cgroup v{cg.version} {ctx.root.display(r.binding_dir)} (limit {format_bytes(cg.binding.limit_bytes)} - "
+             f"working set {format_bytes(cg.binding.working_set_bytes)})")
     ev["binding_text"] = where
     predicted = [16] if plan.uses_gpu else []
     if need is None:
@@ -154,7 +155,7 @@ def headroom(ctx: Context) -> Verdict:
                   f"most {format_bytes(per_rank_fit)} per rank fits with the margin")
         if r.binding == "cgroup":
             remedy += (f"; or raise {'memory.max' if cg.version == 2 else 'memory.limit_in_bytes'} of "
-                       f"{r.binding_dir} (every method is charged there: registered pages as the region's own, "
+                       f"{ctx.root.display(r.binding_dir)} (every method is charged there: registered pages as the region's own, "
                        "cudaHostAlloc pages as shmem)")
         return Verdict(FAIL, head + ": it does not fit; the region would be swapped out or OOM-killed", remedy, ev,
                        predicted)
@@ -163,10 +164,10 @@ def headroom(ctx: Context) -> Verdict:
                                     f"{format_bytes(r.margin_bytes)} margin",
                        f"free memory first or use at most {format_bytes(per_rank_fit)} per rank", ev, predicted)
     if r.high_headroom_bytes is not None and need.cgroup_bytes > r.high_headroom_bytes:
-        return Verdict(WARN, head + f": fits under memory.max, but passes memory.high of {r.high_dir} "
+        return Verdict(WARN, head + f": fits under memory.max, but passes memory.high of {ctx.root.display(r.high_dir)} "
                                     f"({format_bytes(r.high_headroom_bytes)} left): throttling starts there, and "
                                     "faulting the region crawls through forced reclaim",
-                       f"raise memory.high of {r.high_dir} above the plan, or shrink the plan", ev, predicted)
+                       f"raise memory.high of {ctx.root.display(r.high_dir)} above the plan, or shrink the plan", ev, predicted)
     return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}", evidence=ev,
                    predicted=predicted)
 
@@ -264,6 +265,9 @@ def swap(ctx: Context) -> Verdict:
         remedy_parts.append(f"swapoff only when there is room ({format_bytes(used)} in swap, "
                             f"{format_bytes(max(0, room_for_swapoff))} left after the plan)")
     remedy = "; ".join(remedy_parts)
+    own = _own_swap(ctx)
+    holders = _swap_holders() if ctx.root.live else []
+    ev.update(own_swap_bytes=own, swap_holders=holders)
     # 1. the plan does not fit in memory: part of it goes to swap while it is faulted in
     if need is not None and can_swap and r.need_bytes > r.available_bytes:
         overflow = min(region, r.need_bytes - r.available_bytes)
@@ -276,9 +280,6 @@ def swap(ctx: Context) -> Verdict:
                        "shrink the plan or free memory first; " + remedy, ev, predicted=[1])
     # 2. swap already in use: pages of a new region can land there under the same pressure, and
     #    the pinning process's own swapped pages (--pid) will be read back by the pin
-    own = _own_swap(ctx)
-    holders = _swap_holders() if ctx.root.live else []
-    ev.update(own_swap_bytes=own, swap_holders=holders)
     own_part = min(region, own or 0) if region else (own or 0)
     pressure_part = min(max(0, region - own_part), max(0, used - (own or 0))) if region else 0
     exposed = own_part + pressure_part
