@@ -4,6 +4,7 @@ and every test it names exists (a refactor that moves them must move the mutatio
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -11,6 +12,7 @@ from conftest import REPO
 
 spec = importlib.util.spec_from_file_location("mutations", REPO / "bench" / "mutations.py")
 mutations = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("mutations", mutations)  # dataclasses look their module up there
 spec.loader.exec_module(mutations)
 
 
