@@ -125,6 +125,12 @@ class Readings:
         if bad:
             self.damage.setdefault(fact, []).extend(bad)
 
+    def _checked(self, fact: str, reading):
+        """A parser's result, with what it could not read recorded as the fact's damage."""
+        if reading is not None:
+            self._damaged(fact, list(getattr(reading, "bad", [])))
+        return reading
+
     # -- readings ------------------------------------------------------------------------
     @cached_property
     def node_probe(self) -> dict | None:
@@ -170,38 +176,23 @@ class Readings:
 
     @cached_property
     def vmstat(self):
-        v = vmstat.read_vmstat(self.root)
-        if v is not None:
-            self._damaged("vmstat", v.bad)
-        return v
+        return self._checked("vmstat", vmstat.read_vmstat(self.root))
 
     @cached_property
     def buddyinfo(self):
-        b = buddyinfo.read_buddyinfo(self.root, self.page_size)
-        if b is not None:
-            self._damaged("buddyinfo", b.bad)
-        return b
+        return self._checked("buddyinfo", buddyinfo.read_buddyinfo(self.root, self.page_size))
 
     @cached_property
     def zoneinfo(self):
-        z = zoneinfo.read_zoneinfo(self.root, self.page_size)
-        if z is not None:
-            self._damaged("zoneinfo", z.bad)
-        return z
+        return self._checked("zoneinfo", zoneinfo.read_zoneinfo(self.root, self.page_size))
 
     @cached_property
     def swaps(self):
-        s = swap.read_swaps(self.root)
-        if s is not None:
-            self._damaged("swaps", s.bad)
-        return s
+        return self._checked("swaps", swap.read_swaps(self.root))
 
     @cached_property
     def psi(self):
-        p = psi.read_psi_memory(self.root)
-        if p is not None:
-            self._damaged("psi", p.bad)
-        return p
+        return self._checked("psi", psi.read_psi_memory(self.root))
 
     @cached_property
     def release(self) -> str | None:
@@ -216,21 +207,15 @@ class Readings:
 
     @cached_property
     def thp(self):
-        t = thp.read_thp(self.root)
-        self._damaged("thp", t.bad)
-        return t
+        return self._checked("thp", thp.read_thp(self.root))
 
     @cached_property
     def vm(self):
-        v = sysctl.read_vm_sysctls(self.root)
-        self._damaged("vm", v.bad)
-        return v
+        return self._checked("vm", sysctl.read_vm_sysctls(self.root))
 
     @cached_property
     def hung_task(self):
-        h = sysctl.read_hung_task(self.root)
-        self._damaged("hung_task", h.bad)
-        return h
+        return self._checked("hung_task", sysctl.read_hung_task(self.root))
 
     @cached_property
     def memlock(self):
