@@ -181,7 +181,7 @@ def _verdict(plan: Plan, results, status: str) -> str:
     warns = [c.id for c, v in results if v.status == WARN]
     errors = [c.id for c, v in results if v.status == ERROR]
     what = (f"pin {plan.ranks} x {format_bytes(plan.size_bytes)} by {plan.method}" if plan.size_bytes
-            else f"node state for {plan.method} (no --size given)")
+            else f"pin by {plan.method} (node state only, no --size given)")
     if status == ERROR:
         first = next(v for c, v in results if v.status == ERROR)
         return (f"cannot evaluate whether this node can {what}: {errors[0]}: {first.summary} "
@@ -193,4 +193,4 @@ def _verdict(plan: Plan, results, status: str) -> str:
         return f"this node can {what}, with warnings: {', '.join(warns)}"
     if plan.size_bytes:
         return f"this node can {what} now"
-    return f"nothing wrong in the {what}"
+    return f"nothing wrong in the node's state to {what}"

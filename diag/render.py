@@ -22,8 +22,8 @@ def render_preflight(result: dict[str, Any]) -> str:
     if result.get("binding"):
         from .units import format_bytes
         at = f" {result['binding_dir']}" if result.get("binding_dir") else ""
-        lines.append(f"  binds: {result['binding']}{at}: {format_bytes(result.get('binding_bytes'))} available, "
-                     f"the plan needs {format_bytes(result.get('need_bytes'))}"
+        lines.append(f"  binds: {result['binding']}{at}: {format_bytes(result.get('binding_bytes'))} available"
+                     + (f", the plan needs {format_bytes(result['need_bytes'])}" if result.get("need_bytes") else "")
                      + (f"; predicted pin time for the part that could be in swap: "
                         f"{result['predicted_pin_seconds']:.1f} s" if result.get("predicted_pin_seconds") else ""))
     rows = []

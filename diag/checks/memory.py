@@ -292,7 +292,7 @@ def swap(ctx: Context) -> Verdict:
         head += f"; the pinning process has {format_bytes(own)} of its own in swap"
     if demand:
         head += f"; swap-in now {demand:,.0f} pages/s (other processes are reading pages back)"
-    if used > SWAP_IN_USE_THRESHOLD or own or demand:
+    if used > SWAP_IN_USE_THRESHOLD or own:
         cost = (f"if {format_bytes(exposed)} of the plan lands in swap (the pressure that put "
                 f"{format_bytes(used - (own or 0))} there"
                 + (f", plus the pinning process's own {format_bytes(own_part)}" if own_part else "")
@@ -304,7 +304,8 @@ def swap(ctx: Context) -> Verdict:
             cost = "this cgroup cannot swap (memory.swap.max 0 or swappiness 0): the region stays resident"
             return Verdict(PASS, f"{head}; {cost}", evidence=ev)
         return Verdict(WARN, f"{head}: {cost}", remedy, ev, predicted=[1])
-    return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold", evidence=ev)
+    return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold",
+                   evidence=ev)  # swap-in demand alone, with this little in swap, is other processes' business
 
 
 @register("psi", "Memory pressure now (PSI)", needs=("psi",))
