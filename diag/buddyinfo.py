@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .parsing import ParsedList, to_int
 from .rootfs import Root
 from .units import PAGE_SIZE
 
 __all__ = ["ZoneFree", "parse_buddyinfo", "read_buddyinfo", "parse_pagetypeinfo", "read_pagetypeinfo",
            "free_bytes_at_or_above", "unusable_free_index", "fragmentation_index", "THP_ORDER"]
 
-THP_ORDER = 9  # a 2 MiB huge page on x86-64 with 4 KiB base pages
+THP_ORDER = 9  # a 2 MiB huge page on x86-64 with 4 KiB base pages; the node's own is thp_order()
 
 
 @dataclass
@@ -25,49 +26,69 @@ class ZoneFree:
     node: int
     zone: str
     counts: list[int]  # free blocks at order 0, 1, 2, ...
+    page_size: int = PAGE_SIZE
 
     @property
     def free_bytes(self) -> int:
-        return sum(c << o for o, c in enumerate(self.counts)) * PAGE_SIZE
+        return sum(c << o for o, c in enumerate(self.counts)) * self.page_size
 
 
-def parse_buddyinfo(text: str) -> list[ZoneFree]:
-    zones = []
+def parse_buddyinfo(text: str, page_size: int = PAGE_SIZE) -> ParsedList:
+    """Zones with their free-block counts; a line with a damaged count is left out and named in `.bad`.
+
+    >>> parse_buddyinfo("Node 0, zone Normal 1 x 2\\n").bad
+    ['Node 0, zone Normal 1 x 2']
+    """
+    zones = ParsedList()
     for line in text.splitlines():
-        head, _, tail = line.partition("zone")
-        if not tail or not head.startswith("Node"):
+        if not line.strip():
             continue
-        node = int(head.replace("Node", "").strip().rstrip(","))
+        head, _, tail = line.partition("zone")
+        node = to_int(head.replace("Node", "").strip().rstrip(",")) if head.startswith("Node") else None
         parts = tail.split()
-        zones.append(ZoneFree(node=node, zone=parts[0], counts=[int(x) for x in parts[1:]]))
+        counts = [to_int(x) for x in parts[1:]]
+        if node is None or not parts or not counts or any(c is None or c < 0 for c in counts):
+            zones.bad.append(line.strip()[:80])
+            continue
+        zones.append(ZoneFree(node=node, zone=parts[0], counts=counts, page_size=page_size))
     return zones
 
 
-def read_buddyinfo(root: Root) -> list[ZoneFree] | None:
+def read_buddyinfo(root: Root, page_size: int = PAGE_SIZE) -> ParsedList | None:
     text = root.read_text("proc/buddyinfo")
-    return parse_buddyinfo(text) if text is not None else None
+    return parse_buddyinfo(text, page_size) if text is not None else None
 
 
 def parse_pagetypeinfo(text: str) -> dict:
-    """{'pageblock_order': 9, 'free': {(node, zone, type): [counts]}, 'blocks': {(node, zone): {type: n}}}."""
-    out: dict = {"pageblock_order": None, "free": {}, "blocks": {}}
+    """{'pageblock_order': 9, 'free': {(node, zone, type): [counts]}, 'blocks': {(node, zone): {type: n}},
+    'bad': [lines]}; a damaged line is named in 'bad' and left out."""
+    out: dict = {"pageblock_order": None, "free": {}, "blocks": {}, "bad": []}
     block_types: list[str] = []
     for line in text.splitlines():
         if line.startswith("Page block order:"):
-            out["pageblock_order"] = int(line.split(":")[1])
+            out["pageblock_order"] = to_int(line.split(":", 1)[1])
         elif line.startswith("Number of blocks type"):
             block_types = line.split()[4:]
         elif line.startswith("Node") and ", type" in line:
             left, _, right = line.partition(", type")
-            node = int(left.split(",")[0].split()[1])
-            zone = left.split("zone")[1].strip()
+            head = left.split(",")[0].split()
+            node = to_int(head[1]) if len(head) > 1 else None
+            zone = left.split("zone")[1].strip() if "zone" in left else ""
             parts = right.split()
-            out["free"][(node, zone, parts[0])] = [int(x) for x in parts[1:]]
+            counts = [to_int(x) for x in parts[1:]]
+            if node is None or not zone or not parts or any(c is None for c in counts):
+                out["bad"].append(line.strip()[:80])
+                continue
+            out["free"][(node, zone, parts[0])] = counts
         elif line.startswith("Node") and block_types:
             left, _, right = line.partition("zone")
-            node = int(left.replace("Node", "").strip().rstrip(","))
+            node = to_int(left.replace("Node", "").strip().rstrip(","))
             parts = right.split()
-            out["blocks"][(node, parts[0])] = dict(zip(block_types, (int(x) for x in parts[1:])))
+            counts = [to_int(x) for x in parts[1:]]
+            if node is None or not parts or any(c is None for c in counts):
+                out["bad"].append(line.strip()[:80])
+                continue
+            out["blocks"][(node, parts[0])] = dict(zip(block_types, counts))
     return out
 
 
@@ -76,8 +97,8 @@ def read_pagetypeinfo(root: Root) -> dict | None:
     return parse_pagetypeinfo(text) if text is not None else None
 
 
-def free_bytes_at_or_above(counts: list[int], order: int) -> int:
-    return sum(c << o for o, c in enumerate(counts) if o >= order) * PAGE_SIZE
+def free_bytes_at_or_above(counts: list[int], order: int, page_size: int = PAGE_SIZE) -> int:
+    return sum(c << o for o, c in enumerate(counts) if o >= order) * page_size
 
 
 def _contig(counts: list[int], order: int) -> tuple[int, int, int]:

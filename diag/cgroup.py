@@ -1,8 +1,14 @@
-"""Memory cgroup of the current process (v1 and v2): limit, usage and where the limit binds.
+"""Memory cgroup of the process that will pin (v1 and v2): every level's limit, usage and
+reclaimable file cache, where the limit binds, and where throttling starts (memory.high).
 
-Reads /proc/self/cgroup and /proc/self/mountinfo to find the process's memory cgroup, then
-its files under /sys/fs/cgroup. For v2 every ancestor's memory.max is read, because the
-tightest ancestor binds; for v1 the kernel's hierarchical_memory_limit already says it.
+Reads /proc/PID/cgroup (this process by default, `--pid`) or takes a cgroup given by path
+(`--cgroup`), finds its directory through this process's /proc/self/mountinfo, then walks
+from it up to the hierarchy's root reading each level with its own usage, because the
+tightest ancestor binds. Headroom at a level is what the kernel can still give before it
+must reclaim anonymous memory or OOM-kill: limit - (usage - inactive file), on v1 and v2.
+On v1 the leaf's memory.stat also prints hierarchical_memory_limit, the lowest limit above
+it: when the walk cannot see that ancestor (a container that mounts only its own subtree),
+that limit still binds and is reported with the leaf's usage.
 
 >>> parse_proc_cgroup("4:memory:/a/b\\n0::/\\n")
 [(4, ['memory'], '/a/b'), (0, [], '/')]
@@ -12,66 +18,148 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from .parsing import ParsedDict, ParsedList, to_int
 from .rootfs import Root
 
-__all__ = ["CgroupMemory", "parse_proc_cgroup", "parse_mountinfo", "read_cgroup_memory", "V1_UNLIMITED"]
+__all__ = ["CgroupMemory", "CgroupLevel", "CgroupError", "parse_proc_cgroup", "parse_mountinfo", "parse_kv",
+           "read_cgroup_memory", "V1_UNLIMITED"]
 
-V1_UNLIMITED = 1 << 62  # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712) for no limit
+V1_UNLIMITED = 1 << 62  # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on 4 KiB pages) for no limit
+
+
+class CgroupError(ValueError):
+    """A cgroup that was asked for (--cgroup, --pid) and cannot be found or read; the message says why."""
+
+
+@dataclass
+class CgroupLevel:
+    dir: str                               # relative to the root, e.g. sys/fs/cgroup/kubepods/pod1
+    limit_bytes: int | None = None         # memory.max / memory.limit_in_bytes; None: no limit
+    high_bytes: int | None = None          # v2 memory.high: reclaim and throttling start here
+    usage_bytes: int | None = None         # memory.current / memory.usage_in_bytes
+    inactive_file_bytes: int | None = None  # memory.stat inactive_file (v1: total_inactive_file)
+    swap_limit_bytes: int | None = None    # v2 memory.swap.max; v1 memory.memsw.limit_in_bytes (memory + swap)
+    swap_usage_bytes: int | None = None    # v2 memory.swap.current; v1 memsw.usage - usage
+    inferred: str | None = None            # how a level not read directly was derived
+    bad: list[str] = field(default_factory=list)
+
+    @property
+    def working_set_bytes(self) -> int | None:
+        """Usage that reclaim cannot simply drop: usage minus inactive file cache."""
+        if self.usage_bytes is None:
+            return None
+        return max(0, self.usage_bytes - (self.inactive_file_bytes or 0))
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        if self.limit_bytes is None or self.working_set_bytes is None:
+            return None
+        return max(0, self.limit_bytes - self.working_set_bytes)
+
+    @property
+    def high_headroom_bytes(self) -> int | None:
+        if self.high_bytes is None or self.working_set_bytes is None:
+            return None
+        return max(0, self.high_bytes - self.working_set_bytes)
 
 
 @dataclass
 class CgroupMemory:
     version: int
-    path: str                      # the cgroup path as /proc/self/cgroup names it
+    path: str                      # the cgroup path as /proc/PID/cgroup names it (or --cgroup)
     dir: str                       # its directory, relative to the root
-    limit_bytes: int | None        # the binding limit (None: no limit anywhere up the tree)
-    limit_dir: str | None          # where that limit is set
-    usage_bytes: int | None        # usage where the limit binds
-    swap_limit_bytes: int | None = None
-    events: dict[str, int] = field(default_factory=dict)
-    levels: list[dict] = field(default_factory=list)  # every level read, for the evidence
+    levels: list[CgroupLevel] = field(default_factory=list)  # leaf first, up to the hierarchy's root
+    source: str = "self"           # whose cgroup: 'self', 'pid 1234', or 'path'
+    events: dict[str, int] = field(default_factory=dict)     # v2 memory.events of the leaf
+    hierarchical_limit_bytes: int | None = None              # v1 leaf memory.stat hierarchical_memory_limit
+    missing: list[str] = field(default_factory=list)         # files of a level that could not be read
+    bad: list[str] = field(default_factory=list)             # files whose value is damaged
+
+    @property
+    def binding(self) -> CgroupLevel | None:
+        """The level with the least headroom, where a limit is set."""
+        limited = [lv for lv in self.levels if lv.headroom_bytes is not None]
+        return min(limited, key=lambda lv: lv.headroom_bytes) if limited else None
+
+    @property
+    def throttling(self) -> CgroupLevel | None:
+        """The level whose memory.high is reached first (v2)."""
+        highs = [lv for lv in self.levels if lv.high_headroom_bytes is not None]
+        return min(highs, key=lambda lv: lv.high_headroom_bytes) if highs else None
+
+    # the figures the headroom check and the reports quote
+    @property
+    def limit_bytes(self) -> int | None:
+        return self.binding.limit_bytes if self.binding else None
+
+    @property
+    def limit_dir(self) -> str | None:
+        return self.binding.dir if self.binding else None
+
+    @property
+    def usage_bytes(self) -> int | None:
+        level = self.binding or (self.levels[0] if self.levels else None)
+        return level.usage_bytes if level else None
 
     @property
     def headroom_bytes(self) -> int | None:
-        if self.limit_bytes is None or self.usage_bytes is None:
+        return self.binding.headroom_bytes if self.binding else None
+
+    @property
+    def can_swap(self) -> bool | None:
+        """Whether the leaf's pages may go to swap at all (v2 memory.swap.max 0, or v1 memsw equal
+        to the memory limit, forbid it). None when unknown."""
+        leaf = self.levels[0] if self.levels else None
+        if leaf is None:
             return None
-        return max(0, self.limit_bytes - self.usage_bytes)
+        if self.version == 2:
+            return leaf.swap_limit_bytes != 0
+        if leaf.swap_limit_bytes is None:
+            return True
+        return leaf.limit_bytes is None or leaf.swap_limit_bytes > leaf.limit_bytes
 
 
-def parse_proc_cgroup(text: str) -> list[tuple[int, list[str], str]]:
-    out = []
+def parse_proc_cgroup(text: str) -> ParsedList:
+    """(hierarchy id, controllers, path) per line; a damaged line is named in `.bad`."""
+    out = ParsedList()
     for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
+        if not line.strip():
             continue
-        out.append((int(parts[0]), [c for c in parts[1].split(",") if c], parts[2]))
+        parts = line.split(":", 2)
+        hid = to_int(parts[0]) if len(parts) == 3 else None
+        if hid is None or not parts[2].startswith("/"):
+            out.bad.append(line.strip()[:80])
+            continue
+        out.append((hid, [c for c in parts[1].split(",") if c], parts[2]))
     return out
 
 
-def parse_mountinfo(text: str) -> list[dict[str, str]]:
-    mounts = []
+def parse_mountinfo(text: str) -> ParsedList:
+    out = ParsedList()
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
         lf, rf = left.split(), right.split()
-        if len(lf) < 5 or len(rf) < 3:
+        if not sep or len(lf) < 5 or len(rf) < 3:
+            if line.strip():
+                out.bad.append(line.strip()[:80])
             continue
-        mounts.append({"root": lf[3], "mount_point": lf[4], "fstype": rf[0], "super_options": rf[2]})
-    return mounts
+        out.append({"root": lf[3], "mount_point": lf[4], "fstype": rf[0], "super_options": rf[2]})
+    return out
 
 
-def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    text = text.strip()
-    if text == "max":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    return None if value >= V1_UNLIMITED else value
+def parse_kv(text: str | None) -> ParsedDict:
+    """memory.stat / memory.events: 'name value' lines; a damaged line is named in `.bad`."""
+    out = ParsedDict()
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        value = to_int(parts[1]) if len(parts) == 2 else None
+        if value is None:
+            out.bad.append(line.strip()[:60])
+            continue
+        out[parts[0]] = value
+    return out
 
 
 def _dir_for(mount: dict[str, str], cg_path: str) -> str:
@@ -82,66 +170,145 @@ def _dir_for(mount: dict[str, str], cg_path: str) -> str:
     return str(PurePosixPath(mount["mount_point"].lstrip("/")) / str(rel).lstrip("/")).rstrip("/")
 
 
-def _parse_kv(text: str | None) -> dict[str, int]:
-    out = {}
-    for line in (text or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
+class _LevelReader:
+    def __init__(self, root: Root, version: int, result: CgroupMemory):
+        self.root, self.version, self.result = root, version, result
+
+    def value(self, d: str, name: str, unlimited_words=("max",)) -> int | None:
+        text = self.root.read_text(f"{d}/{name}")
+        if text is None:
+            self.result.missing.append(f"{d}/{name}")
+            return None
+        text = text.strip()
+        if text in unlimited_words:
+            return None
+        value = to_int(text)
+        if value is None or value < 0:
+            self.result.bad.append(f"{d}/{name}: {text[:30]!r}")
+            return None
+        return None if value >= V1_UNLIMITED else value
+
+    def stat(self, d: str) -> ParsedDict | None:
+        text = self.root.read_text(f"{d}/memory.stat")
+        if text is None:
+            self.result.missing.append(f"{d}/memory.stat")
+            return None
+        stat = parse_kv(text)
+        self.result.bad += [f"{d}/memory.stat: {b!r}" for b in stat.bad]
+        return stat
+
+    def level(self, d: str) -> CgroupLevel:
+        stat = self.stat(d) or {}
+        if self.version == 1:
+            usage = self.value(d, "memory.usage_in_bytes")
+            memsw_usage = self.value(d, "memory.memsw.usage_in_bytes") if self.root.exists(
+                f"{d}/memory.memsw.usage_in_bytes") else None
+            return CgroupLevel(
+                dir=d, limit_bytes=self.value(d, "memory.limit_in_bytes"), usage_bytes=usage,
+                inactive_file_bytes=stat.get("total_inactive_file", stat.get("inactive_file")),
+                swap_limit_bytes=self.value(d, "memory.memsw.limit_in_bytes") if self.root.exists(
+                    f"{d}/memory.memsw.limit_in_bytes") else None,
+                swap_usage_bytes=(memsw_usage - usage) if memsw_usage is not None and usage is not None else None)
+        return CgroupLevel(
+            dir=d, limit_bytes=self.value(d, "memory.max"), high_bytes=self.value(d, "memory.high"),
+            usage_bytes=self.value(d, "memory.current"), inactive_file_bytes=stat.get("inactive_file"),
+            swap_limit_bytes=self.value(d, "memory.swap.max") if self.root.exists(f"{d}/memory.swap.max") else None,
+            swap_usage_bytes=self.value(d, "memory.swap.current") if self.root.exists(
+                f"{d}/memory.swap.current") else None)
 
 
-def read_cgroup_memory(root: Root, pid: str = "self") -> CgroupMemory | None:
-    """None when the process is in no memory cgroup we can read (reason in root.missing)."""
-    cg_text = root.read_text(f"proc/{pid}/cgroup")
-    mi_text = root.read_text(f"proc/{pid}/mountinfo")
-    if cg_text is None or mi_text is None:
+def _mounts(root: Root) -> ParsedList | None:
+    text = root.read_text("proc/self/mountinfo")
+    return parse_mountinfo(text) if text is not None else None
+
+
+def _from_path(root: Root, mounts: list[dict], path: str) -> tuple[int, dict, str, str]:
+    """(version, mount, dir, cgroup path) for a cgroup named by directory or by cgroup path."""
+    v1 = next((m for m in mounts if m["fstype"] == "cgroup" and "memory" in m["super_options"].split(",")), None)
+    v2 = next((m for m in mounts if m["fstype"] == "cgroup2"), None)
+    mount, version = (v1, 1) if v1 is not None else (v2, 2)
+    if mount is None:
+        raise CgroupError("no memory cgroup hierarchy is mounted (neither v1 'memory' nor cgroup2)")
+    if ".." in PurePosixPath(path).parts:
+        raise CgroupError(f"{path!r}: a cgroup path may not contain '..'")
+    clean = "/" + "/".join(p for p in path.strip().split("/") if p and p != ".")
+    mp = mount["mount_point"].rstrip("/") or "/"
+    if clean == mp or clean.startswith(mp + "/"):  # a directory under the mount point
+        cg_path = clean[len(mp):] or "/"
+    else:
+        cg_path = clean
+    d = str(PurePosixPath(mp.lstrip("/")) / cg_path.lstrip("/")).rstrip("/")
+    return version, mount, d, cg_path
+
+
+def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | None = None) -> CgroupMemory | None:
+    """The memory cgroup of pid (or the one at cgroup_path). None when the process is in no
+    memory cgroup this root can show (the reason is in root.missing). CgroupError when a
+    --pid or --cgroup that was asked for cannot be found."""
+    mounts = _mounts(root)
+    if mounts is None:
+        if cgroup_path is not None or pid != "self":
+            raise CgroupError(f"cannot find cgroup mounts: {root.display('proc/self/mountinfo')} "
+                              f"({root.missing.get('proc/self/mountinfo')})")
         return None
-    groups = parse_proc_cgroup(cg_text)
-    mounts = parse_mountinfo(mi_text)
-    v1 = next((g for g in groups if "memory" in g[1]), None)
-    if v1 is not None:
-        mount = next((m for m in mounts if m["fstype"] == "cgroup" and "memory" in m["super_options"].split(",")), None)
+    if cgroup_path is not None:
+        version, mount, d, cg_path = _from_path(root, mounts, cgroup_path)
+        if not root.exists(d):
+            raise CgroupError(f"no cgroup at {root.display(d)} (from --cgroup {cgroup_path})")
+        source = "path"
+    else:
+        cg_text = root.read_text(f"proc/{pid}/cgroup")
+        if cg_text is None:
+            if pid != "self":
+                raise CgroupError(f"cannot read /proc/{pid}/cgroup ({root.missing.get(f'proc/{pid}/cgroup')}): "
+                                  "is the process still running?")
+            return None
+        groups = parse_proc_cgroup(cg_text)
+        v1 = next((g for g in groups if "memory" in g[1]), None)
+        if v1 is not None:
+            version = 1
+            mount = next((m for m in mounts if m["fstype"] == "cgroup" and "memory" in m["super_options"].split(",")), None)
+            cg_path = v1[2]
+        else:
+            version = 2
+            v2 = next((g for g in groups if g[0] == 0), None)
+            mount = next((m for m in mounts if m["fstype"] == "cgroup2"), None)
+            if v2 is None:
+                return None
+            cg_path = v2[2]
         if mount is None:
             return None
-        d = _dir_for(mount, v1[2])
-        limit = _int_or_none(root.read_text(f"{d}/memory.limit_in_bytes"))
-        usage = _int_or_none(root.read_text(f"{d}/memory.usage_in_bytes"))
-        stat = _parse_kv(root.read_text(f"{d}/memory.stat"))
-        hier = stat.get("hierarchical_memory_limit")
-        if hier is not None and hier < V1_UNLIMITED and (limit is None or hier < limit):
-            limit = hier
-        memsw = _int_or_none(root.read_text(f"{d}/memory.memsw.limit_in_bytes"))
-        return CgroupMemory(version=1, path=v1[2], dir=d, limit_bytes=limit, limit_dir=d if limit else None,
-                            usage_bytes=usage, swap_limit_bytes=memsw,
-                            levels=[{"dir": d, "limit_bytes": limit, "usage_bytes": usage}])
-    v2 = next((g for g in groups if g[0] == 0), None)
-    mount = next((m for m in mounts if m["fstype"] == "cgroup2"), None)
-    if v2 is None or mount is None:
-        return None
-    leaf = _dir_for(mount, v2[2])
+        if cg_path.startswith("/..") and pid != "self":
+            raise CgroupError(f"the cgroup of pid {pid} ({cg_path}) is outside this process's cgroup namespace; "
+                              "run preflight in the host's cgroup namespace, or give --cgroup PATH")
+        d = _dir_for(mount, cg_path)
+        source = "self" if pid == "self" else f"pid {pid}"
+    result = CgroupMemory(version=version, path=cg_path, dir=d, source=source)
+    reader = _LevelReader(root, version, result)
     top = mount["mount_point"].lstrip("/").rstrip("/")
-    levels = []
-    d = leaf
+    level = d
     while True:
-        limit_text = root.read_text(f"{d}/memory.max")
-        if limit_text is not None:  # the root cgroup has no memory.max
-            levels.append({"dir": d, "limit_bytes": _int_or_none(limit_text),
-                           "usage_bytes": _int_or_none(root.read_text(f"{d}/memory.current"))})
-        if d == top or "/" not in d or len(d) <= len(top):
+        limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
+        if root.exists(f"{level}/{limit_file}") or level == d:
+            if level != top or version == 1:  # the v2 root cgroup has no memory.max: nothing to read there
+                result.levels.append(reader.level(level))
+        if level == top or "/" not in level or len(level) <= len(top):
             break
-        d = d.rsplit("/", 1)[0]
-    if not levels:
-        return CgroupMemory(version=2, path=v2[2], dir=leaf, limit_bytes=None, limit_dir=None,
-                            usage_bytes=_int_or_none(root.read_text(f"{leaf}/memory.current")))
-    bound = [lv for lv in levels if lv["limit_bytes"] is not None and lv["usage_bytes"] is not None]
-    binding = min(bound, key=lambda lv: lv["limit_bytes"] - lv["usage_bytes"]) if bound else None
-    return CgroupMemory(
-        version=2, path=v2[2], dir=leaf,
-        limit_bytes=binding["limit_bytes"] if binding else None,
-        limit_dir=binding["dir"] if binding else None,
-        usage_bytes=binding["usage_bytes"] if binding else levels[0]["usage_bytes"],
-        swap_limit_bytes=_int_or_none(root.read_text(f"{leaf}/memory.swap.max")),
-        events=_parse_kv(root.read_text(f"{leaf}/memory.events")),
-        levels=levels,
-    )
+        level = level.rsplit("/", 1)[0]
+    if version == 1 and result.levels:
+        stat = parse_kv(root.read_text(f"{d}/memory.stat"))
+        hier = stat.get("hierarchical_memory_limit")
+        if hier is not None and hier < V1_UNLIMITED:
+            result.hierarchical_limit_bytes = hier
+            walked = [lv.limit_bytes for lv in result.levels if lv.limit_bytes is not None]
+            if not walked or hier < min(walked):
+                leaf = result.levels[0]
+                result.levels.append(CgroupLevel(
+                    dir=f"an ancestor of {d}", limit_bytes=hier, usage_bytes=leaf.usage_bytes,
+                    inactive_file_bytes=leaf.inactive_file_bytes,
+                    inferred="hierarchical_memory_limit in the leaf's memory.stat; that ancestor's own usage "
+                             "is not visible here, so the leaf's is used (the ancestor's is at least as large)"))
+    if version == 2:
+        events = parse_kv(root.read_text(f"{d}/memory.events"))
+        result.events = dict(events)
+    return result

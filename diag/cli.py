@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
+from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
 __all__ = ["cli", "SIZE", "RATE", "RANKS", "out_option", "json_option", "open_run"]
@@ -170,9 +170,22 @@ def cli():
 @click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True,
               help="Seconds before a hung CUDA probe is killed.")
 @click.option("--sample", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Seconds to sample the swap-in rate when swap is in use (0: do not sample).")
+              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
+@click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
+              help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
+                   "12000pages/s); default: a figure per kind of device (see the README).")
+@click.option("--pid", "pid", type=click.IntRange(min=1), default=None,
+              help="Evaluate the memory cgroup (and swap) of this process, the one that will pin, "
+                   "instead of preflight's own (a DaemonSet reads its own otherwise).")
+@click.option("--cgroup", "cgroup_path", default=None, metavar="PATH",
+              help="Evaluate this memory cgroup: a directory (/sys/fs/cgroup/...) or a cgroup path "
+                   "(/kubepods.slice/...); 'none' says the pinning process is in no memory-limited cgroup.")
+@click.option("--file", "table_file", type=click.Path(dir_okay=False), default=None,
+              help="The table's file, with --source file: its file system decides catalog 9 (tmpfs, "
+                   "hugetlbfs and ramfs allow writable shared pins; fsdax refuses every pin).")
 @click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Skip a check by id (repeatable).")
-@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1), and a check that could warn but lacks "
+                                             "its readings makes the run unevaluated (exit 3).")
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
@@ -182,24 +195,37 @@ def cli():
 @out_option
 @_gate_errors
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
-              cuda_timeout, sample, skip, strict, prometheus, as_json, out, fmt):
+              cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, as_json, out,
+              fmt):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
-    --strict); 2: bad command line; 3: the node could not be evaluated. With --format npd:
-    0 ok, 1 problem, 2 unknown. The plan and settings can come from a site file (--config).
+    --strict); 2: bad command line; 3: the node could not be evaluated (a check crashed, a
+    reading is damaged, or a reading that decides the verdict is not in a captured tree).
+    With --format npd: 0 ok, 1 problem, 2 unknown. The plan and settings can come from a
+    site file (--config).
     """
+    from .cgroup import CgroupError
+
     if as_json and fmt != "table":
         raise click.UsageError("give --json or --format, not both")
     from .checks import Plan, all_checks
     from .preflight import run_preflight
     from .render import render_preflight
+    from .results import write_result
 
     known = {c.id for c in all_checks()}
     for name in skip:
         if name not in known:
             raise click.BadParameter(f"{name!r} is not a check; use one of {', '.join(sorted(known))}",
                                      param_hint="'--skip'")
+    if pid is not None and cgroup_path is not None:
+        raise click.BadParameter("give --pid or --cgroup, not both", param_hint="'--pid'")
+    if pid is not None and root is not None:
+        raise click.BadParameter("--pid reads a live process; with --root give --cgroup PATH instead",
+                                 param_hint="'--pid'")
+    if table_file is not None and source != "file":
+        raise click.BadParameter("--file goes with --source file", param_hint="'--file'")
     opened = None
     if root is not None and root.is_file():
         from .runs import RunError, open_run_path
@@ -212,37 +238,41 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
                                  param_hint="'--root'")
     plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
-                readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0)
+                readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
     run = open_run(out, "preflight")
     cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
     try:
         result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),
-                               sample_s=sample)
+                               sample_s=sample, strict=strict, pid=pid if pid is not None else "self",
+                               cgroup_path=cgroup_path, swap_rate=swap_rate)
+    except CgroupError as exc:
+        run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2, "verdict": str(exc)})
+        raise click.BadParameter(str(exc), param_hint="'--pid'" if pid is not None else "'--cgroup'") from None
     finally:
         if opened is not None:
             opened.close()
-    if strict and result["status"] == "warn":
-        result["exit_code"] = EXIT_FAIL
-        result["verdict"] += " (--strict: warnings fail)"
+    result.run_dir = str(run.path)
     if prometheus is not None:
         import time as _time
         from .prometheus import write_textfile
         try:
-            result["prometheus"] = str(write_textfile(result, prometheus, _time.time()))
+            result.prometheus = str(write_textfile(result, prometheus, _time.time()))
         except OSError as exc:
-            raise click.ClickException(f"cannot write {prometheus}: {exc.strerror}")
+            result.errors.append(f"prometheus: cannot write {prometheus}: {exc.strerror}")
+            result.status, result.exit_code = "error", EXIT_UNEVALUATED
+            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror})"
     from .config import record_config
     record_config(run, result)
-    run.finish(result)
+    data = write_result(run, result)
     if as_json:
-        click.echo(json.dumps(result, indent=2, default=str))
+        click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
         from .gate import npd_exit_code, short_line
-        click.echo(short_line(result))
-        return npd_exit_code(result) if fmt == "npd" else result["exit_code"]
+        click.echo(short_line(data))
+        return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
-        click.echo(render_preflight(result))
-    return result["exit_code"]
+        click.echo(render_preflight(data))
+    return result.exit_code
 
 
 @cli.command()

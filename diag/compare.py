@@ -11,6 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from .facts import FACT_LABELS
+from .results import preflight_result, repro_result
 from .runs import Run
 from .units import format_bytes, format_duration
 
@@ -37,19 +38,19 @@ def run_figures(run: Run) -> dict[str, Any]:
     r = run.result
     out: dict[str, Any] = {"command": run.command, "status": run.status, "verdict": r.get("verdict")}
     out.update({k: v for k, v in run.facts().items() if k in FACT_LABELS})
-    checks = {c["id"]: c for c in r.get("checks", [])}
-    if checks:
-        out["plan"] = r.get("plan", {}).get("describe")
-        head = checks.get("headroom", {}).get("evidence", {})
-        out["headroom_bytes"] = head.get("binding_bytes")
-        sample = checks.get("swap", {}).get("evidence", {}).get("swapin_sample") or {}
-        out["swapin_pages_per_s"] = sample.get("pages_per_s")
-        for cid, c in sorted(checks.items()):
-            out[f"check {cid}"] = c["status"]
-    if r.get("command") == "repro register":
-        out.update(plan=_plan(r), pin_seconds=r.get("seconds"), rate_gib_s=r.get("rate_gib_s"),
-                   clean_rate_gib_s=r.get("clean_rate_gib_s"), bound=r.get("bound"),
-                   swapin_pages_per_s=r.get("swapin_pages_per_s"))
+    pre = preflight_result(r) if r.get("checks") else None
+    if pre is not None:
+        out["plan"] = (pre.plan or {}).get("describe")
+        out["headroom_bytes"] = pre.binding_bytes
+        out["binding"] = pre.binding
+        out["swapin_pages_per_s"] = pre.swapin_pages_per_s
+        out["predicted_pin_seconds"] = pre.predicted_pin_seconds
+        for c in sorted(pre.checks, key=lambda c: c.id):
+            out[f"check {c.id}"] = c.status
+    rep = repro_result(r) if r.get("command") == "repro register" else None
+    if rep is not None:
+        out.update(plan=_plan(r), pin_seconds=rep.seconds, rate_gib_s=rep.rate_gib_s,
+                   clean_rate_gib_s=rep.clean_rate_gib_s, bound=rep.bound, swapin_pages_per_s=rep.swapin_pages_per_s)
     if r.get("command") == "repro staging" and (r.get("summary") or {}).get("repeats"):
         side = r["summary"]["sides"]["pageable"]["hidden_total_bytes"]
         out["staging_pageable_hidden_mib"] = side["median"] / (1 << 20)
@@ -62,6 +63,7 @@ def _plan(r: dict) -> str | None:
 
 
 LABELS = {"command": "command", "status": "verdict", "plan": "plan", "headroom_bytes": "headroom (binding)",
+          "binding": "binds at", "predicted_pin_seconds": "predicted pin s (swapped part)",
           "swapin_pages_per_s": "swap-in pages/s", "pin_seconds": "pin time", "rate_gib_s": "pin GiB/s",
           "clean_rate_gib_s": "clean rate GiB/s", "bound": "bound", "staging_pageable_hidden_mib": "staging left, MiB",
           **FACT_LABELS}

@@ -238,7 +238,7 @@ def effective_settings(ctx: click.Context) -> dict[str, Any]:
     return out
 
 
-def record_config(run, result: dict[str, Any]) -> None:
+def record_config(run, result) -> None:
     """Keep the file itself in the run (config/hostpin.toml) and what was in effect in the result."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
@@ -246,4 +246,4 @@ def record_config(run, result: dict[str, Any]) -> None:
     cfg: SiteConfig | None = ctx.meta.get(META_KEY)
     if cfg is not None and run is not None:
         run.add_file("config/hostpin.toml", cfg.data, kind="config", source=str(cfg.path))
-    result["config"] = effective_settings(ctx)
+    result.config = effective_settings(ctx)

@@ -118,8 +118,29 @@ def probe() -> dict[str, Any]:
     if count == 0:
         out.update(status="no_device", message="the driver sees no CUDA device")
         return out
+    from .gpuprocs import nvml_processes
+    out["gpu_processes"] = nvml_processes()  # co-tenants (catalog 7), read here: NVML may hang like CUDA
     out.update(status="ok", message=f"{count} device(s), CUDA driver API {out['driver_version']}")
     return out
+
+
+STATUSES = ("ok", "no_bindings", "no_driver", "no_device", "driver_too_old", "error", "timeout")
+
+
+def _garbled(result: Any) -> str | None:
+    """What makes a probe's output unusable, or None: the parent never reads a damaged result as ok."""
+    if result is None:
+        return "no JSON on stdout"
+    if not isinstance(result, dict):
+        return f"a {type(result).__name__}, not an object"
+    if result.get("status") not in STATUSES:
+        return f"status {result.get('status')!r}"
+    if not isinstance(result.get("devices"), list):
+        return "no device list"
+    if result["status"] == "ok" and (not result["devices"] or not all(
+            isinstance(d, dict) and isinstance(d.get("attributes"), dict) for d in result["devices"])):
+        return "status ok without devices and their attributes"
+    return None
 
 
 def child_env() -> dict[str, str]:
@@ -146,13 +167,16 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
                 "stderr": (exc.stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
     duration = round(time.monotonic() - t0, 3)
     try:
-        result = json.loads(proc.stdout.decode() or "null") or {}
+        result = json.loads(proc.stdout.decode(errors="replace") or "null")
     except json.JSONDecodeError:
-        result = {}
-    if not result:
+        result = None
+    problem = _garbled(result)
+    if problem:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
         result = {"status": "error", "devices": [],
-                  "message": f"the CUDA probe exited {proc.returncode} without a result: "
-                             f"{proc.stderr.decode(errors='replace').strip().splitlines()[-1:] }"}
+                  "message": f"the CUDA probe exited {proc.returncode} without a usable result ({problem})"
+                             + (f": {tail[0][:200]}" if tail else ""),
+                  "stdout": proc.stdout.decode(errors="replace")[:2000]}
     result["duration_s"] = duration
     result["returncode"] = proc.returncode
     result["stderr"] = proc.stderr.decode(errors="replace")[-4000:]

@@ -1,57 +1,333 @@
-"""The facts about a node that matter for pinning, in one flat dict, from any root.
+"""The node's readings, read once through a Root, and the facts about a node that matter for
+pinning, in one flat dict, made from those same readings.
 
-Every command reads them through a Root attached to its run, so the files land in the run's
-`root/` tree; `hostpin report` and `hostpin compare` read the same facts back from there.
+`Readings` is what the preflight checks read (through their Context) and what `node_facts`
+summarises, so a run's facts and its verdict never come from two different readings of a
+file. Each reading knows its state: read, absent on the node (a kernel feature that is not
+there), not captured (a captured tree that lacks it), unreadable, or damaged (its text
+could not be parsed), and the files behind it.
 """
 from __future__ import annotations
 
+import json
+import platform
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-from . import buddyinfo, kernel, meminfo, nvidia, psi, swap, sysctl, thp
+from . import (buddyinfo, cgroup, hotplug, iommu, kernel, limits, meminfo, numa, nvidia, psi, sysctl, swap, thp,
+               vmstat, zoneinfo)
+from .pagesize import PageSize, page_size_for, thp_order
+from .parsing import describe_bad
 from .rootfs import Root
 
-__all__ = ["node_facts", "FACT_LABELS"]
+__all__ = ["Readings", "node_facts", "FACT_LABELS", "FACT_SOURCES", "OK", "ABSENT", "NOT_CAPTURED", "UNREADABLE",
+           "DAMAGED", "load_node_probe", "live_node_probe"]
+
+OK, ABSENT, NOT_CAPTURED, UNREADABLE, DAMAGED = "ok", "absent", "not captured", "unreadable", "damaged"
+
+# fact name -> the file(s) behind it, as a person would look for them
+FACT_SOURCES = {
+    "meminfo": ("proc/meminfo",), "vmstat": ("proc/vmstat",), "buddyinfo": ("proc/buddyinfo",),
+    "zoneinfo": ("proc/zoneinfo",), "swaps": ("proc/swaps",), "psi": ("proc/pressure/memory",),
+    "release": ("proc/sys/kernel/osrelease", "proc/version"), "cmdline": ("proc/cmdline",),
+    "thp": ("sys/kernel/mm/transparent_hugepage/enabled",), "memlock": ("proc/self/limits",),
+    "proc_status": ("proc/self/status",), "cgroup": ("proc/self/cgroup", "proc/self/mountinfo"),
+    "nvidia": ("proc/driver/nvidia/version",), "hung_task": ("proc/sys/kernel/hung_task_timeout_secs",),
+    "vm": ("proc/sys/vm/swappiness",), "iommu": ("sys/kernel/iommu_groups",),
+    "numa_nodes": ("sys/devices/system/node",), "hotplug": ("sys/devices/system/memory/auto_online_blocks",),
+}
 
 FACT_LABELS = {
     "host": "host", "kernel": "kernel", "driver": "NVIDIA driver", "gpus": "GPUs", "thp_enabled": "THP enabled",
     "thp_defrag": "THP defrag", "mem_total_bytes": "MemTotal", "mem_available_bytes": "MemAvailable",
     "swap_total_bytes": "swap total", "swap_used_bytes": "swap used", "swappiness": "swappiness",
-    "free_order9_bytes": "free in order >= 9 blocks", "unusable_index_order9": "unusable index, order 9 (Normal)",
-    "psi_some_avg10": "PSI memory some avg10", "hotplug": "memhp_default_state",
+    "free_order9_bytes": "free in huge-page blocks (order >= THP order)",
+    "unusable_index_order9": "unusable index at the THP order (Normal)",
+    "psi_some_avg10": "PSI memory some avg10", "hotplug": "memhp_default_state", "page_size": "page size",
 }
 
 
-def node_facts(root: Root) -> dict[str, Any]:
+def live_node_probe(root: Root) -> dict[str, Any]:
+    """What only a live process knows, kept next to a captured tree (probes/node.json)."""
+    from .pagesize import live_page_size
+    devices = swap.read_swaps(root) or []
+    return {"schema": "hostpin.node-probe", "schema_version": 1, "page_size": live_page_size(),
+            "machine": platform.machine(), "swap_devices": [swap.classify_swap_device(d) for d in devices],
+            "zswap_enabled": swap.read_zswap_enabled(root)}
+
+
+def load_node_probe(root_dir: Path) -> tuple[dict | None, str | None]:
+    """(probe, problem): the node probe kept next to a captured tree, if any."""
+    for candidate in (root_dir.parent / "probes" / "node.json", root_dir / "probes" / "node.json"):
+        if candidate.is_file() and not candidate.is_symlink():
+            try:
+                data = json.loads(candidate.read_bytes()[: 1 << 20])
+            except (OSError, ValueError) as exc:
+                return None, f"{candidate}: damaged ({type(exc).__name__})"
+            if not isinstance(data, dict):
+                return None, f"{candidate}: damaged (not an object)"
+            return data, None
+    return None, None
+
+
+class Readings:
+    """Every reading of a node a check or a fact may need, read once, with its state."""
+
+    def __init__(self, root: Root, pid: str | int = "self", cgroup_path: str | None = None,
+                 node_probe: dict | None = None):
+        self.root = root
+        self.pid = pid
+        self.cgroup_path = cgroup_path
+        self._node_probe = node_probe
+        self.damage: dict[str, list[str]] = {}   # fact -> what could not be read in it
+
+    # -- state ---------------------------------------------------------------------------
+    def file_state(self, rel: str) -> str:
+        rel = rel.strip("/")
+        if self.root.exists(rel) and not self.root.path.joinpath(rel).is_file():
+            return OK  # a directory (or one the capture recorded as empty)
+        if self.root.read_text(rel) is not None:
+            return OK
+        reason = self.root.missing.get(rel, "absent")
+        if reason != "absent":
+            return UNREADABLE
+        if self.root.live or self.root.known_absent(rel):
+            return ABSENT
+        return NOT_CAPTURED
+
+    def state(self, fact: str) -> str:
+        """The state of a fact: damaged wins, then the state of its first readable source."""
+        if hasattr(type(self), fact):
+            getattr(self, fact)  # read it, so that damage is known
+        if self.damage.get(fact):
+            return DAMAGED
+        if fact == "cgroup" and self.cgroup_path is not None:
+            return OK  # given by --cgroup (read, or 'none')
+        sources = FACT_SOURCES.get(fact, ())
+        states = [self.file_state(rel) for rel in sources]
+        if not states or OK in states:
+            return OK
+        for s in (UNREADABLE, NOT_CAPTURED, ABSENT):
+            if s in states:
+                return s
+        return OK
+
+    def describe(self, fact: str) -> str:
+        """'DIR/proc/zoneinfo (not captured)' or the damage, for a message."""
+        state = self.state(fact)
+        rel = FACT_SOURCES.get(fact, (fact,))[0]
+        if state == DAMAGED:
+            return describe_bad(self.root.display(rel), self.damage[fact])
+        return f"{self.root.display(rel)} ({state if state != UNREADABLE else self.root.missing.get(rel)})"
+
+    def _damaged(self, fact: str, bad: list[str]) -> None:
+        if bad:
+            self.damage.setdefault(fact, []).extend(bad)
+
+    def _checked(self, fact: str, reading):
+        """A parser's result, with what it could not read recorded as the fact's damage."""
+        if reading is not None:
+            self._damaged(fact, list(getattr(reading, "bad", [])))
+        return reading
+
+    # -- readings ------------------------------------------------------------------------
+    @cached_property
+    def node_probe(self) -> dict | None:
+        if self._node_probe is not None:
+            return self._node_probe
+        if self.root.live:
+            return None
+        probe, problem = load_node_probe(self.root.path)
+        if problem:
+            self._damaged("node_probe", [problem])
+        return probe
+
+    @cached_property
+    def page(self) -> PageSize:
+        recorded = (self.node_probe or {}).get("page_size")
+        return page_size_for(self.root.live, recorded, self.thp.pmd_size_bytes)
+
+    @property
+    def page_size(self) -> int:
+        return self.page.bytes
+
+    @cached_property
+    def thp_order(self) -> int:
+        order = thp_order(self.thp.pmd_size_bytes, self.page_size)
+        # no hpage_pmd_size: a PMD maps one page of 8-byte entries (x86-64, arm64): page / 8 pages
+        return order if order is not None else self.page_size.bit_length() - 1 - 3
+
+    @cached_property
+    def machine(self) -> str | None:
+        if self.root.live:
+            return platform.machine()
+        probe = (self.node_probe or {}).get("machine")
+        if isinstance(probe, str):
+            return probe
+        return self.nvidia.version.arch if self.nvidia.loaded and self.nvidia.version else None
+
+    @cached_property
+    def meminfo(self):
+        m = meminfo.read_meminfo(self.root)
+        if m is not None:
+            self._damaged("meminfo", [b for b in m.bad if b.split(":")[0] in meminfo._FIELDS.values()])
+        return m
+
+    @cached_property
+    def vmstat(self):
+        return self._checked("vmstat", vmstat.read_vmstat(self.root))
+
+    @cached_property
+    def buddyinfo(self):
+        return self._checked("buddyinfo", buddyinfo.read_buddyinfo(self.root, self.page_size))
+
+    @cached_property
+    def zoneinfo(self):
+        return self._checked("zoneinfo", zoneinfo.read_zoneinfo(self.root, self.page_size))
+
+    @cached_property
+    def swaps(self):
+        return self._checked("swaps", swap.read_swaps(self.root))
+
+    @cached_property
+    def psi(self):
+        return self._checked("psi", psi.read_psi_memory(self.root))
+
+    @cached_property
+    def release(self) -> str | None:
+        rel = kernel.read_release(self.root)
+        if rel is not None and kernel.parse_release(rel) is None:
+            self._damaged("release", [f"{rel[:40]!r} is no kernel release"])
+        return rel
+
+    @cached_property
+    def cmdline(self):
+        return kernel.read_cmdline(self.root)
+
+    @cached_property
+    def thp(self):
+        return self._checked("thp", thp.read_thp(self.root))
+
+    @cached_property
+    def vm(self):
+        return self._checked("vm", sysctl.read_vm_sysctls(self.root))
+
+    @cached_property
+    def hung_task(self):
+        return self._checked("hung_task", sysctl.read_hung_task(self.root))
+
+    @cached_property
+    def memlock(self):
+        text = self.root.read_text(f"proc/{self.pid}/limits") if self.pid != "self" else self.root.read_text(
+            "proc/self/limits")
+        if text is None:
+            return None
+        parsed = limits.parse_limits(text)
+        if "Max locked memory" not in parsed:
+            self._damaged("memlock", parsed.bad or ["no 'Max locked memory' line"])
+            return None
+        return parsed["Max locked memory"]
+
+    @cached_property
+    def proc_status(self):
+        from .process import parse_status
+        text = self.root.read_text("proc/self/status")
+        if text is None:
+            return None
+        st = parse_status(text)
+        self._damaged("proc_status", st.bad)
+        return st
+
+    @cached_property
+    def cgroup(self):
+        if self.cgroup_path == "none":
+            return None  # --cgroup none: the user says the pinning process is in no memory-limited cgroup
+        cg = cgroup.read_cgroup_memory(self.root, pid=self.pid, cgroup_path=self.cgroup_path)
+        if cg is not None:
+            self._damaged("cgroup", cg.bad)
+        return cg
+
+    @cached_property
+    def hotplug(self):
+        return hotplug.read_hotplug_policy(self.root)
+
+    @cached_property
+    def nvidia(self):
+        nv = nvidia.read_nvidia(self.root)
+        if nv.loaded and (nv.version is None or nv.version.version is None):
+            self._damaged("nvidia", [f"version line {nv.version.text[:60] if nv.version else ''!r}"])
+        return nv
+
+    @cached_property
+    def numa_nodes(self):
+        return numa.read_numa_nodes(self.root)
+
+    def iommu_for(self, devices: list[str]):
+        return iommu.read_iommu(self.root, devices)
+
+    @cached_property
+    def zswap_enabled(self) -> bool | None:
+        if self.root.live:
+            return swap.read_zswap_enabled(self.root)
+        probe = (self.node_probe or {}).get("zswap_enabled")
+        return probe if isinstance(probe, bool) else swap.read_zswap_enabled(self.root)
+
+    @cached_property
+    def swap_media(self) -> list[dict]:
+        """What backs each swap area: live from stat() and sysfs, captured from probes/node.json."""
+        devices = self.swaps or []
+        if self.root.live:
+            return [swap.classify_swap_device(d) for d in devices]
+        recorded = {d.get("name"): d for d in (self.node_probe or {}).get("swap_devices") or []
+                    if isinstance(d, dict)}
+        out = []
+        for d in devices:
+            rec = recorded.get(d.name.replace("\\040", " "))
+            if rec and isinstance(rec.get("media"), str):
+                out.append({"name": d.name, "media": rec["media"], "rotational": rec.get("rotational"),
+                            "disk": rec.get("disk"), "from": "probes/node.json"})
+            else:
+                out.append({"name": d.name, "media": swap.media_from_name(d.name) or "unknown", "rotational": None,
+                            "disk": None, "from": "its name" if swap.media_from_name(d.name) else "not captured"})
+        return out
+
+
+def node_facts(source: Root | Readings) -> dict[str, Any]:
     """Whatever can be read; a fact that cannot is None (its file is listed in root.missing)."""
+    r = source if isinstance(source, Readings) else Readings(source)
+    root = r.root
     out: dict[str, Any] = {k: None for k in FACT_LABELS}
     host = root.read_text("proc/sys/kernel/hostname")
     out["host"] = host.strip() if host else None
-    out["kernel"] = kernel.read_release(root)
-    cmd = kernel.read_cmdline(root) or {}
-    out["hotplug"] = cmd.get("memhp_default_state")
-    nv = nvidia.read_nvidia(root)
+    out["kernel"] = r.release
+    out["hotplug"] = (r.cmdline or {}).get("memhp_default_state")
+    nv = r.nvidia
     if nv.loaded and nv.version:
         flavour = {True: "open", False: "proprietary"}.get(nv.version.open_module, "")
         out["driver"] = f"{nvidia.version_str(nv.version.version)} {flavour}".strip()
         out["gpus"] = ", ".join(f"{info.get('Model', '?')} ({bdf})" for bdf, info in sorted(nv.gpus.items())) or None
     elif root.known_absent("proc/driver/nvidia/version"):
         out["driver"] = "not loaded"
-    t = thp.read_thp(root)
-    out["thp_enabled"], out["thp_defrag"] = t.enabled, t.defrag
-    m = meminfo.read_meminfo(root)
+    out["thp_enabled"], out["thp_defrag"] = r.thp.enabled, r.thp.defrag
+    m = r.meminfo
     if m:
         out.update(mem_total_bytes=m.total_bytes, mem_available_bytes=m.available_bytes,
                    swap_total_bytes=m.swap_total_bytes, swap_used_bytes=m.swap_used_bytes)
-    out["swappiness"] = sysctl.read_vm_sysctls(root).get("swappiness")
-    zones = buddyinfo.read_buddyinfo(root)
+    out["swappiness"] = r.vm.get("swappiness")
+    zones = r.buddyinfo
     if zones:
-        out["free_order9_bytes"] = sum(buddyinfo.free_bytes_at_or_above(z.counts, 9) for z in zones)
+        order = r.thp_order
+        out["free_order9_bytes"] = sum(buddyinfo.free_bytes_at_or_above(z.counts, order, r.page_size) for z in zones)
         normal = next((z for z in zones if z.zone == "Normal"), None)
         if normal:
-            out["unusable_index_order9"] = buddyinfo.unusable_free_index(normal.counts, 9)
-    p = psi.read_psi_memory(root)
+            out["unusable_index_order9"] = buddyinfo.unusable_free_index(normal.counts, order)
+    p = r.psi
     if p:
-        out["psi_some_avg10"] = p.get("some", {}).get("avg10")
-    devices = swap.read_swaps(root)
+        out["psi_some_avg10"] = (p.get("some") or {}).get("avg10")
+    devices = r.swaps
     out["swap_devices"] = [d.name for d in devices] if devices is not None else None
+    out["page_size"] = r.page_size
+    out["page_size_source"] = r.page.source
+    out["thp_order"] = r.thp_order
     return out

@@ -195,7 +195,9 @@ def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
         lines.append("every figure is equal on every node")
     if summary["equal"]:
         lines.append("")
-        lines.append(f"equal on every node: {', '.join(summary['equal'])}")
+        import textwrap
+        lines += textwrap.wrap(f"equal on every node: {', '.join(summary['equal'])}", LINE_WIDTH,
+                               subsequent_indent="  ")
     if summary["stand_out"]:
         lines.append("")
         lines.append(f"{h}nodes that stand out ({len(summary['stand_out'])})")

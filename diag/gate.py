@@ -39,15 +39,18 @@ def _fit(text: str, limit: int) -> str:
     return (word if len(word) >= limit // 2 else cut) + "..."
 
 
-def _check_phrase(check: dict[str, Any]) -> str:
+def _check_phrase(check: dict[str, Any], result: dict[str, Any]) -> str:
     """The finding of one check in a few words, with its numbers where the check gives them."""
     ev = check.get("evidence") or {}
-    if check["id"] == "headroom" and ev.get("need_with_tables_bytes") is not None:
-        what = "cgroup headroom" if "cgroup" in str(ev.get("binding")) else "headroom"
-        have, need = ev.get("binding_bytes") or 0, ev["need_with_tables_bytes"]
+    # the typed result's fields (schema 2) first; a schema-1 record kept them in the evidence only
+    need = result.get("need_bytes") if result.get("need_bytes") is not None else ev.get("need_with_tables_bytes")
+    if check["id"] == "headroom" and need is not None:
+        binding = result.get("binding") or ev.get("binding")
+        what = "cgroup headroom" if "cgroup" in str(binding) else "headroom"
+        have = result.get("binding_bytes") if result.get("binding_bytes") is not None else ev.get("binding_bytes") or 0
+        margin = result.get("margin_bytes") if result.get("margin_bytes") is not None else ev.get("margin_bytes") or 0
         if check["status"] == "warn":
-            return (f"headroom leaves {format_bytes(max(0, have - need))} < margin "
-                    f"{format_bytes(ev.get('margin_bytes') or 0)}")
+            return f"headroom leaves {format_bytes(max(0, have - need))} < margin {format_bytes(margin)}"
         return f"{what} {format_bytes(have)} < {format_bytes(need)}"
     summary = _clean(check.get("summary") or check.get("status", ""))
     head = re.split(r";|: (?=[a-z])", summary, maxsplit=1)[0]
@@ -66,7 +69,7 @@ def short_line(result: dict[str, Any], limit: int = LINE_LIMIT) -> str:
         plan = (result.get("plan") or {}).get("describe")
         return _fit(PREFIX + (f"ok: can pin {plan}" if plan and (result.get("plan") or {}).get("size_bytes")
                               else "ok"), limit)
-    first = _check_phrase(bad[0])
+    first = _check_phrase(bad[0], result)
     strict = status == "warn" and result.get("exit_code") == EXIT_FAIL
     if status == "warn":
         first = ("warning (strict): " if strict else "warning: ") + first

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .parsing import to_int
 from .rootfs import Root
 
 __all__ = ["Meminfo", "parse_meminfo", "read_meminfo"]
@@ -26,7 +27,8 @@ _FIELDS = {
 @dataclass
 class Meminfo:
     raw: dict[str, int]
-    missing: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # fields this kernel does not print, or damaged
+    bad: list[str] = field(default_factory=list)      # lines that could not be read
     total_bytes: int | None = None
     free_bytes: int | None = None
     available_bytes: int | None = None  # since 3.14
@@ -62,22 +64,27 @@ class Meminfo:
 
 
 def parse_meminfo(text: str) -> Meminfo:
+    """Total: a damaged line is named in `bad`; a damaged known field is None and in `missing`.
+
+    >>> m = parse_meminfo("MemTotal: 100 kB\\nMemFree: n/a kB\\n")
+    >>> m.free_bytes, "MemFree" in m.missing, m.bad
+    (None, True, ["MemFree: 'n/a kB'"])
+    """
     raw: dict[str, int] = {}
+    bad: list[str] = []
     for line in text.splitlines():
+        if not line.strip():
+            continue
         name, sep, rest = line.partition(":")
-        if not sep:
-            continue
+        name = name.strip()
         parts = rest.split()
-        if not parts:
+        value = to_int(parts[0]) if sep and parts else None
+        unit_ok = len(parts) == 1 or (len(parts) == 2 and parts[1] == "kB")
+        if not name or value is None or not unit_ok:
+            bad.append(f"{name or line.strip()[:40]}: {rest.strip()[:40]!r}")
             continue
-        try:
-            value = int(parts[0])
-        except ValueError:
-            continue
-        if len(parts) > 1 and parts[1] == "kB":
-            value *= 1024
-        raw[name.strip()] = value
-    info = Meminfo(raw=raw)
+        raw[name] = value * 1024 if len(parts) == 2 else value
+    info = Meminfo(raw=raw, bad=bad)
     for attr, key in _FIELDS.items():
         if key in raw:
             setattr(info, attr, raw[key])

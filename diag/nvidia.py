@@ -1,8 +1,8 @@
 """NVIDIA kernel module facts from /proc/driver/nvidia: version, flavour, parameters, GPUs.
 
 >>> v = parse_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build")
->>> v.version, v.open_module
-((580, 159, 4), True)
+>>> v.version, v.open_module, v.arch
+((580, 159, 4), True, 'x86_64')
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ class DriverVersion:
     version: tuple[int, ...] | None
     open_module: bool | None
     text: str
+    arch: str | None = None  # the module's architecture, as its banner says ('x86_64', 'aarch64')
 
 
 @dataclass
@@ -45,7 +46,9 @@ def parse_version(text: str) -> DriverVersion:
         open_module = False
     else:
         open_module = None
-    return DriverVersion(version=version, open_module=open_module, text=first.strip())
+    arch = re.search(r"Kernel Module for (\S+)", first)
+    return DriverVersion(version=version, open_module=open_module, text=first.strip(),
+                         arch=arch.group(1) if arch else None)
 
 
 def parse_colon_kv(text: str) -> dict[str, str]:

@@ -1,4 +1,8 @@
-"""Run every check against a node (live or captured) for a plan, and decide."""
+"""Run every check against a node (live or captured) for a plan, and decide; fail closed.
+
+The verdict is `error` (exit 3) when any check crashed, read a damaged file, or lacked a
+reading that decides this plan; otherwise `fail` (exit 1), `warn` or `pass` (exit 0; --strict
+makes a warning exit 1)."""
 from __future__ import annotations
 
 import json
@@ -6,28 +10,32 @@ import platform
 import socket
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from . import cuda as cuda_mod
-from .checks import FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict, all_checks
+from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict, all_checks
 from .evidence import RunDir
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
+from .facts import DAMAGED, NOT_CAPTURED, OK, live_node_probe, node_facts
+from .results import CheckResult, PreflightResult
 from .rootfs import Root, resolve_root
 from .units import format_bytes
 
-__all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe"]
+__all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe", "record_probe", "record_node_probe"]
 
 
-def load_captured_cuda(root_dir: Path) -> dict | None:
-    """The CUDA facts a snapshot kept next to its tree (RUN/probes/cuda.json), if any."""
+def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
+    """(CUDA facts a snapshot kept next to its tree, state): state is ok, not captured or damaged."""
     for candidate in (root_dir.parent / "probes" / "cuda.json", root_dir / "probes" / "cuda.json"):
-        if candidate.is_file():
+        if candidate.is_file() and not candidate.is_symlink():
             try:
-                return json.loads(candidate.read_text())
-            except json.JSONDecodeError:
-                return None
-    return None
+                data = json.loads(candidate.read_bytes()[: 4 << 20])
+            except (OSError, ValueError):
+                return None, DAMAGED
+            return (data, OK) if isinstance(data, dict) else (None, DAMAGED)
+    return None, NOT_CAPTURED
 
 
 def start_cuda_probe(timeout: float) -> tuple[threading.Thread, dict]:
@@ -51,84 +59,133 @@ def record_probe(run: RunDir | None, result: dict) -> None:
                  timed_out=result.get("status") == "timeout")
 
 
+def record_node_probe(run: RunDir | None, root: Root) -> dict | None:
+    """Live: the page size, architecture and swap media, kept as probes/node.json."""
+    if not root.live:
+        return None
+    probe = live_node_probe(root)
+    if run is not None:
+        run.add_json("probes/node.json", probe, kind="probe", source="sysconf, uname, stat of swap areas")
+    return probe
+
+
+def _error_result(plan: Plan, root_dir: Path, root: Root, run: RunDir | None, verdict: str, t0: float,
+                  exit_code: int = EXIT_UNEVALUATED) -> PreflightResult:
+    return PreflightResult(status="error", exit_code=exit_code, verdict=verdict,
+                           plan={**plan.__dict__, "describe": plan.describe()}, root=str(root_dir), live=root.live,
+                           run_dir=str(run.path) if run else None, errors=[verdict],
+                           duration_s=round(time.monotonic() - t0, 3))
+
+
 def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = None, cuda: str = "probe",
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, skip: tuple[str, ...] = (),
-                  sample_s: float = 1.0) -> dict[str, Any]:
-    """cuda: 'probe' (child process), 'off' (--no-cuda), or 'captured' (read from the snapshot)."""
+                  sample_s: float = 1.0, strict: bool = False, pid: str | int = "self",
+                  cgroup_path: str | None = None, swap_rate: float | None = None) -> PreflightResult:
+    """cuda: 'probe' (child process), 'off' (--no-cuda), or 'captured' (read from the snapshot);
+    swap_rate: bytes per second the swap device gives a pin, when the user measured it.
+    Raises CgroupError when a --pid or --cgroup that was asked for cannot be found."""
     t0 = time.monotonic()
     root_dir = resolve_root(root_path)
     root = Root(root_dir, run=run)
     probe_thread = box = None
-    cuda_result, cuda_skip = None, None
+    cuda_result, cuda_skip, cuda_state = None, None, OK
     if cuda == "probe" and root.live:
         probe_thread, box = start_cuda_probe(cuda_timeout)
     elif cuda == "off":
-        cuda_skip = "CUDA probe off (--no-cuda)"
+        cuda_skip, cuda_state = "CUDA probe off (--no-cuda)", OK
     else:
-        cuda_result = load_captured_cuda(root_dir)
+        cuda_result, cuda_state = load_captured_cuda(root_dir)
         if cuda_result is None:
-            cuda_skip = "no CUDA facts in this capture (hostpin snapshot keeps them in probes/cuda.json)"
+            cuda_skip = ("no CUDA facts in this capture (hostpin snapshot keeps them in probes/cuda.json)"
+                         if cuda_state == NOT_CAPTURED else "the capture's probes/cuda.json is damaged")
+    record_node_probe(run, root)
+    ctx = Context(root, plan, cuda=cuda_result, cuda_skip_reason=cuda_skip, sample_s=sample_s, strict=strict,
+                  pid=pid, cgroup_path=cgroup_path, swap_rate_override=swap_rate, cuda_state=cuda_state)
 
-    ctx = Context(root, plan, cuda=cuda_result, cuda_skip_reason=cuda_skip, sample_s=sample_s)
-    result: dict[str, Any] = {
-        "tool": "hostpin", "command": "preflight", "plan": {**plan.__dict__, "describe": plan.describe()},
-        "root": str(root_dir), "live": root.live, "run_dir": str(run.path) if run else None,
-        "host": socket.gethostname() if root.live else None,
-        "kernel": None, "checks": [],
-    }
-    if ctx.meminfo is None or ctx.meminfo.total_bytes is None:
-        if probe_thread:
-            probe_thread.join()
-        result.update(status="error", exit_code=EXIT_UNEVALUATED,
-                      verdict=f"cannot evaluate this node: {ctx.why_missing('meminfo')} is unreadable; "
-                              "--root must point at a captured tree (a hostpin snapshot run directory, "
-                              "or a directory holding proc/ and sys/)")
-        result["duration_s"] = round(time.monotonic() - t0, 3)
-        return result
-    result["kernel"] = ctx.release
-    result["machine"] = platform.machine() if root.live else None
-
-    results: list[tuple[Any, Verdict]] = []
-    for check in all_checks():
-        if check.id in skip:
-            results.append((check, Verdict(SKIP, "skipped on request (--skip)")))
-            continue
-        if check.id == "device" and probe_thread is not None:
+    def join_probe() -> None:
+        nonlocal probe_thread
+        if probe_thread is not None:
             probe_thread.join()
             ctx.cuda = box["result"]
             record_probe(run, ctx.cuda)
             probe_thread = None
+
+    if ctx.meminfo is None or ctx.meminfo.total_bytes is None or ctx.state("meminfo") != OK:
+        join_probe()
+        return _error_result(plan, root_dir, root, run,
+                             f"cannot evaluate this node: {ctx.describe('meminfo')}; --root must point at a "
+                             "captured tree (a hostpin snapshot run directory, or a directory holding proc/ and sys/)",
+                             t0)
+    ctx.cgroup  # a --pid/--cgroup that cannot be found is the caller's error, before any check runs
+
+    verdicts: list[tuple[Any, Verdict]] = []
+    for check in all_checks():
+        if check.id in skip:
+            verdicts.append((check, Verdict(SKIP, "skipped on request (--skip)")))
+            continue
+        if check.id in ("device", "cotenants", "numa", "iommu"):
+            join_probe()
         try:
             verdict = check.run(ctx)
-        except Exception as exc:  # a check bug must not hide the others; say so loudly
-            verdict = Verdict(SKIP, f"check crashed: {type(exc).__name__}: {exc} (please report this)")
-        results.append((check, verdict))
-    if probe_thread is not None:
-        probe_thread.join()
-        ctx.cuda = box["result"]
-        record_probe(run, ctx.cuda)
+            if verdict.status not in STATUS_ORDER:
+                raise ValueError(f"status {verdict.status!r}")
+        except Exception as exc:  # a check bug must not pass the gate: it is an error, loudly
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            verdict = Verdict(ERROR, f"check crashed: {type(exc).__name__}: {exc} at {Path(where.filename).name}:"
+                                     f"{where.lineno} (please report this)",
+                              "report it with the run directory; --skip this check to accept the gap")
+        verdicts.append((check, verdict))
+    join_probe()
 
-    results.sort(key=lambda cv: STATUS_ORDER[cv[1].status])
-    result["checks"] = [{"id": c.id, "title": c.title, "catalog": list(c.catalog), "status": v.status,
-                         "summary": v.summary, "remedy": v.remedy, "evidence": v.evidence} for c, v in results]
-    statuses = {v.status for _, v in results}
-    status = FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
-    result["status"] = status
-    result["exit_code"] = EXIT_FAIL if status == FAIL else EXIT_OK
-    result["verdict"] = _verdict(plan, results, status)
-    from .facts import node_facts
-    result["facts"] = node_facts(root)
-    if ctx.cuda is not None:
-        result["cuda"] = {k: ctx.cuda.get(k) for k in ("status", "message", "driver_version", "duration_s")}
-    result["duration_s"] = round(time.monotonic() - t0, 3)
+    verdicts.sort(key=lambda cv: STATUS_ORDER[cv[1].status])
+    checks = [CheckResult(id=c.id, title=c.title, status=v.status, summary=v.summary, remedy=v.remedy,
+                          catalog=list(c.catalog), predicted=sorted(set(v.predicted)), missing=list(v.missing),
+                          evidence=v.evidence) for c, v in verdicts]
+    statuses = {v.status for _, v in verdicts}
+    status = ERROR if ERROR in statuses else FAIL if FAIL in statuses else WARN if WARN in statuses else PASS
+    exit_code = {ERROR: EXIT_UNEVALUATED, FAIL: EXIT_FAIL}.get(status, EXIT_FAIL if strict and status == WARN else EXIT_OK)
+    verdict_text = _verdict(plan, verdicts, status)
+    if strict and status == WARN:
+        verdict_text += " (--strict: warnings fail)"
+    facts = node_facts(ctx)
+    head = next((c for c in checks if c.id == "headroom"), None)
+    swap = next((c for c in checks if c.id == "swap"), None)
+    frag = next((c for c in checks if c.id == "fragmentation"), None)
+    hev = head.evidence if head else {}
+    sev = swap.evidence if swap else {}
+    result = PreflightResult(
+        status=status, exit_code=exit_code, verdict=verdict_text, plan={**plan.__dict__, "describe": plan.describe()},
+        root=str(root_dir), live=root.live, run_dir=str(run.path) if run else None,
+        host=socket.gethostname() if root.live else facts.get("host"), kernel=ctx.release, machine=ctx.machine,
+        page_size=ctx.page_size, page_size_source=ctx.page.source, checks=checks, facts=facts,
+        cuda={k: ctx.cuda.get(k) for k in ("status", "message", "driver_version", "duration_s")}
+        if isinstance(ctx.cuda, dict) else None,
+        binding=hev.get("binding"), binding_dir=hev.get("binding_dir"), binding_bytes=hev.get("binding_bytes"),
+        need_bytes=hev.get("need_cgroup_bytes") if hev.get("binding") == "cgroup" else hev.get("need_with_tables_bytes"),
+        margin_bytes=hev.get("margin_bytes"), predicted_pin_seconds=sev.get("predicted_pin_seconds"),
+        swap_used_bytes=sev.get("swap_used_bytes", facts.get("swap_used_bytes")),
+        swapin_pages_per_s=(sev.get("swapin_now") or {}).get("pages_per_s") if sev.get("swap_total_bytes")
+        else (0.0 if swap and swap.status != ERROR else None),
+        free_huge_bytes=(frag.evidence or {}).get("free_huge_bytes") if frag else None,
+        catalog_predicted=sorted({e for c in checks for e in c.predicted}),
+        errors=[f"{c.id}: {c.summary}" for c in checks if c.status == ERROR],
+        not_captured=sorted({m for c in checks for m in c.missing}),
+        duration_s=round(time.monotonic() - t0, 3))
+    if not root.live:
+        result.machine = ctx.machine
     return result
 
 
 def _verdict(plan: Plan, results, status: str) -> str:
     fails = [c.id for c, v in results if v.status == FAIL]
     warns = [c.id for c, v in results if v.status == WARN]
+    errors = [c.id for c, v in results if v.status == ERROR]
     what = (f"pin {plan.ranks} x {format_bytes(plan.size_bytes)} by {plan.method}" if plan.size_bytes
-            else f"node state for {plan.method} (no --size given)")
+            else f"pin by {plan.method} (node state only, no --size given)")
+    if status == ERROR:
+        first = next(v for c, v in results if v.status == ERROR)
+        return (f"cannot evaluate whether this node can {what}: {errors[0]}: {first.summary} "
+                f"(not evaluated: {', '.join(errors)})")
     if status == FAIL:
         first = next(v for c, v in results if v.status == FAIL)
         return f"this node cannot {what} now: {first.summary} (failed: {', '.join(fails)})"
@@ -136,4 +193,4 @@ def _verdict(plan: Plan, results, status: str) -> str:
         return f"this node can {what}, with warnings: {', '.join(warns)}"
     if plan.size_bytes:
         return f"this node can {what} now"
-    return f"nothing wrong in the {what}"
+    return f"nothing wrong in the node's state to {what}"

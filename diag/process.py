@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .parsing import to_int
 from .rootfs import read_bounded
 
 __all__ = ["ProcStatus", "parse_status", "read_status", "read_task_state", "read_stack", "read_wchan", "list_tasks",
@@ -38,6 +39,7 @@ class ProcStatus:
     rss_file_bytes: int | None = None
     rss_shmem_bytes: int | None = None
     raw: dict[str, str] = field(default_factory=dict)
+    bad: list[str] = field(default_factory=list)  # fields whose value could not be read
 
 
 def parse_status(text: str) -> ProcStatus:
@@ -53,11 +55,16 @@ def parse_status(text: str) -> ProcStatus:
         elif key == "State":
             st.state = value[:1] or None
         elif key == "Threads":
-            st.threads = int(value)
+            st.threads = to_int(value)
+            if st.threads is None:
+                st.bad.append(f"Threads: {value[:20]!r}")
         elif key in _BYTES:
             parts = value.split()
-            if parts and parts[0].isdigit():
-                setattr(st, _BYTES[key], int(parts[0]) * 1024)
+            number = to_int(parts[0]) if len(parts) == 2 and parts[1] == "kB" else None
+            if number is None or number < 0:
+                st.bad.append(f"{key}: {value[:20]!r}")
+            else:
+                setattr(st, _BYTES[key], number * 1024)
     return st
 
 

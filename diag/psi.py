@@ -6,28 +6,39 @@
 """
 from __future__ import annotations
 
+from .parsing import ParsedDict, to_float, to_int
 from .rootfs import Root
 
 __all__ = ["parse_psi", "read_psi_memory"]
 
 
-def parse_psi(text: str) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
+def parse_psi(text: str) -> ParsedDict:
+    """{'some': {...}, 'full': {...}}; a damaged value is None and named in `.bad`.
+
+    >>> p = parse_psi("some avg10=x avg60=0.00 avg300=0.00 total=1\\n")
+    >>> p["some"]["avg10"], p.bad
+    (None, ["some avg10='x'"])
+    """
+    out = ParsedDict()
     for line in text.splitlines():
         parts = line.split()
-        if not parts or parts[0] not in ("some", "full"):
+        if not parts:
             continue
-        row: dict[str, float] = {}
+        if parts[0] not in ("some", "full"):
+            out.bad.append(f"{line.strip()[:60]!r}")
+            continue
+        row: dict[str, float | int | None] = {}
         for item in parts[1:]:
-            key, _, value = item.partition("=")
-            if key == "total":
-                row["total_us"] = int(value)
-            else:
-                row[key] = float(value)
+            key, sep, value = item.partition("=")
+            number = to_int(value) if key == "total" else to_float(value)
+            if not sep or number is None or number < 0:
+                out.bad.append(f"{parts[0]} {key}={value[:20]!r}")
+                number = None
+            row["total_us" if key == "total" else key] = number
         out[parts[0]] = row
     return out
 
 
-def read_psi_memory(root: Root) -> dict[str, dict[str, float]] | None:
+def read_psi_memory(root: Root) -> ParsedDict | None:
     text = root.read_text("proc/pressure/memory")
     return parse_psi(text) if text is not None else None

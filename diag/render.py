@@ -15,12 +15,21 @@ def render_preflight(result: dict[str, Any]) -> str:
     width = max(60, min(shutil.get_terminal_size((120, 40)).columns, 160) - 24)
     lines = [f"hostpin preflight: {STATUS_LABEL.get(result['status'], result['status'])}: {result['verdict']}"]
     where = "live node" if result.get("live") else f"captured tree {result['root']}"
-    lines.append(f"  plan: {result['plan']['describe']}; {where}"
-                 + (f", kernel {result['kernel']}" if result.get("kernel") else ""))
+    page = (f", {result['page_size'] // 1024} KiB pages ({result.get('page_size_source')})"
+            if result.get("page_size") else "")
+    lines.append(f"  plan: {(result.get('plan') or {}).get('describe')}; {where}"
+                 + (f", kernel {result['kernel']}" if result.get("kernel") else "") + page)
+    if result.get("binding"):
+        from .units import format_bytes
+        at = f" {result['binding_dir']}" if result.get("binding_dir") else ""
+        lines.append(f"  binds: {result['binding']}{at}: {format_bytes(result.get('binding_bytes'))} available"
+                     + (f", the plan needs {format_bytes(result['need_bytes'])}" if result.get("need_bytes") else "")
+                     + (f"; predicted pin time for the part that could be in swap: "
+                        f"{result['predicted_pin_seconds']:.1f} s" if result.get("predicted_pin_seconds") else ""))
     rows = []
     for c in result.get("checks", []):
         text = c["summary"]
-        if c["status"] in ("fail", "warn") and c.get("remedy"):
+        if c["status"] in ("fail", "warn", "error") and c.get("remedy"):
             text += f"\n-> {c['remedy']}"
         rows.append([STATUS_LABEL[c["status"]], c["id"], text])
     if rows:

@@ -115,7 +115,7 @@ def _section(title: str, body: str, md: bool) -> str:
 def _preflight_body(r: dict, md: bool) -> str:
     fmt = "github" if md else "simple"
     bad = [[c["status"].upper(), c["id"], c["summary"], c.get("remedy") or ""] for c in r.get("checks", [])
-           if c["status"] in ("fail", "warn")]
+           if c["status"] in ("error", "fail", "warn")]
     good = [[c["status"], c["id"], c["summary"]] for c in r.get("checks", []) if c["status"] in ("pass", "skip")]
     out = ""
     if bad:

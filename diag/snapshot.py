@@ -24,6 +24,7 @@ SNAPSHOT_FILES = (
     "proc/sys/kernel/osrelease", "proc/sys/kernel/hostname", "proc/uptime", "proc/loadavg", "proc/self/limits", "proc/self/status",
     "proc/self/cgroup", "proc/self/mountinfo", "proc/driver/nvidia/version", "proc/driver/nvidia/params",
     "proc/driver/nvidia/registry", "sys/devices/system/memory/auto_online_blocks",
+    "sys/module/zswap/parameters/enabled",
     "sys/devices/system/memory/block_size_bytes", "sys/devices/system/node/online",
 )
 SNAPSHOT_GLOBS = (
@@ -38,7 +39,8 @@ PCI_FILES = ("vendor", "device", "numa_node", "local_cpulist", "current_link_spe
              "max_link_speed", "max_link_width")
 COMMANDS = (
     ("nvidia-smi-q", ["nvidia-smi", "-q"], 30),
-    ("nvidia-smi-apps", ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv"], 15),
+    ("nvidia-smi-apps", ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id",
+                         "--format=csv"], 15),
     ("dmesg", ["dmesg", "--ctime"], 10),
     ("uname", ["uname", "-a"], 5),
 )
@@ -50,7 +52,7 @@ def _is_file(path: str) -> bool:
 
 def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, commands: bool = True) -> dict[str, Any]:
-    from .preflight import record_probe, start_cuda_probe
+    from .preflight import record_node_probe, record_probe, start_cuda_probe
 
     root = Root(root_path, run=run)
     probe = start_cuda_probe(cuda_timeout) if (cuda and root.live) else None
@@ -61,6 +63,7 @@ def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
             if _is_file(path):
                 root.read_text(os.path.relpath(path, root.path))
     cgroup.read_cgroup_memory(root)  # reads the cgroup's own files, every level up
+    record_node_probe(run, root)      # page size, architecture, what backs each swap area (probes/node.json)
     # IOMMU group members and units are symlinks: keep them as markers a reader can list
     for group in root.listdir("sys/kernel/iommu_groups"):
         for dev in root.listdir(f"sys/kernel/iommu_groups/{group}/devices"):

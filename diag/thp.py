@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .parsing import to_int
 from .rootfs import Root
 
 __all__ = ["Thp", "parse_selected", "read_thp"]
@@ -22,6 +23,7 @@ class Thp:
     khugepaged_defrag: str | None
     shmem_enabled: str | None
     pmd_size_bytes: int | None
+    bad: list[str] = field(default_factory=list)  # files whose text could not be read
 
     @property
     def available(self) -> bool:
@@ -29,19 +31,38 @@ class Thp:
 
 
 def parse_selected(text: str) -> str | None:
-    """The bracketed choice of a sysfs multiple-choice file, or the plain value ('1')."""
-    m = re.search(r"\[([^\]]+)\]", text)
-    if m:
-        return m.group(1)
+    """The bracketed choice of a sysfs multiple-choice file, or the plain value ('1').
+
+    >>> parse_selected("[always] [never]") is None, parse_selected("")
+    (True, None)
+    """
+    if text.count("[") > 1 or text.count("]") > 1:
+        return None  # two selections, or stray brackets: the file is damaged
+    chosen = re.findall(r"\[([^\[\]\s]+)\]", text)
+    if chosen:
+        return chosen[0]
     text = text.strip()
+    if "[" in text or "]" in text or " " in text:
+        return None  # a choice list without a selection, or a half bracket
     return text or None
 
 
 def read_thp(root: Root) -> Thp:
+    bad: list[str] = []
+
     def sel(name: str) -> str | None:
         text = root.read_text(f"{_BASE}/{name}")
-        return parse_selected(text) if text is not None else None
+        if text is None:
+            return None
+        value = parse_selected(text)
+        if value is None:
+            bad.append(f"{name}: {text.strip()[:40]!r}")
+        return value
 
-    pmd = root.read_text(f"{_BASE}/hpage_pmd_size")
+    pmd_text = root.read_text(f"{_BASE}/hpage_pmd_size")
+    pmd = to_int(pmd_text) if pmd_text is not None else None
+    if pmd_text is not None and (pmd is None or pmd <= 0 or pmd & (pmd - 1)):
+        bad.append(f"hpage_pmd_size: {pmd_text.strip()[:40]!r}")
+        pmd = None
     return Thp(enabled=sel("enabled"), defrag=sel("defrag"), khugepaged_defrag=sel("khugepaged/defrag"),
-               shmem_enabled=sel("shmem_enabled"), pmd_size_bytes=int(pmd) if pmd and pmd.strip().isdigit() else None)
+               shmem_enabled=sel("shmem_enabled"), pmd_size_bytes=pmd, bad=bad)

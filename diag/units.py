@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 
 __all__ = [
@@ -14,7 +15,14 @@ __all__ = [
     "format_bytes", "format_duration", "SIZE_EXAMPLE", "RATE_EXAMPLE",
 ]
 
-PAGE_SIZE = 4096
+def _live_page_size() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") or 4096
+    except (ValueError, OSError):
+        return 4096
+
+
+PAGE_SIZE = _live_page_size()  # this machine's base page (64 KiB on some arm64); checks use the node's own
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
 _UNITS = {

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from .parsing import ParsedDict, to_int
 from .rootfs import Root
 
 __all__ = ["parse_vmstat", "read_vmstat", "vmstat_delta", "WATCHED_PREFIXES"]
@@ -14,19 +15,27 @@ WATCHED_PREFIXES = ("nr_foll_pin_", "pswp", "pgmajfault", "pgfault", "compact_",
                     "nr_free_pages", "numa_miss", "nr_mlock", "nr_unevictable", "nr_anon_transparent")
 
 
-def parse_vmstat(text: str) -> dict[str, int]:
-    out: dict[str, int] = {}
+def parse_vmstat(text: str) -> ParsedDict:
+    """Counters by name; a line that is not 'name integer' is named in `.bad`.
+
+    >>> v = parse_vmstat("pswpin 10\\nnr_free_pages n/a\\n")
+    >>> dict(v), v.bad
+    ({'pswpin': 10}, ["nr_free_pages: 'n/a'"])
+    """
+    out = ParsedDict()
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2:
-            try:
-                out[parts[0]] = int(parts[1])
-            except ValueError:
-                continue
+        if not parts:
+            continue
+        value = to_int(parts[1]) if len(parts) == 2 else None
+        if value is None:
+            out.bad.append(f"{parts[0][:40]}: {' '.join(parts[1:])[:40]!r}")
+            continue
+        out[parts[0]] = value
     return out
 
 
-def read_vmstat(root: Root) -> dict[str, int] | None:
+def read_vmstat(root: Root) -> ParsedDict | None:
     text = root.read_text("proc/vmstat")
     if text is None:
         # a partial capture (the reference tree keeps only the interesting lines)

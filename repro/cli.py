@@ -97,19 +97,24 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         run.finish(result)
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
         return result["exit_code"]
+    from diag.results import ReproRegisterResult, write_result
     bar = ProgressLine()
     try:
         result = run_repro(opts, run, on_tick=bar)
     except ReproError as exc:
         bar.done()
-        run.finish({"outcome": "unevaluated", "error": str(exc)})
+        data = write_result(run, ReproRegisterResult(outcome="unevaluated", error=str(exc), exit_code=EXIT_UNEVALUATED,
+                                                     verdict=f"not run: {exc}", run_dir=str(run.path),
+                                                     extra={"tool": "hostpin", "command": "repro register"}))
+        if as_json:
+            click.echo(_json.dumps(data, indent=2, default=str))
         err = click.ClickException(f"{exc} (evidence: {run.path})")
         err.exit_code = EXIT_UNEVALUATED
         raise err
     bar.done()
     result["exit_code"] = exit_code_for(result["outcome"])
-    run.finish(result)
-    click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_result(result))
+    data = write_result(run, ReproRegisterResult.from_dict(result))
+    click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
     return result["exit_code"]
 
 
@@ -158,11 +163,22 @@ def staging_cmd(device, nbytes, threads, direction, bursts, order, repeat, hold_
     return result["exit_code"]
 
 
+def _json_error(argv: list[str], message: str, exit_code: int) -> None:
+    """--json is answered on every exit path, a bad command line included."""
+    if "--json" in argv:
+        import json as _json
+        command = " ".join(a for a in argv[:2] if not a.startswith("-"))
+        click.echo(_json.dumps({"tool": "hostpin", "command": command, "status": "error", "exit_code": exit_code,
+                                "verdict": message}, indent=2))
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
+        _json_error(args, exc.format_message(), EXIT_USAGE)
         sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)

@@ -6,18 +6,17 @@ prefault -> pin -> undo, and removes everything it set up on every exit path.
 """
 from __future__ import annotations
 
-import errno
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from diag import catalog
 from diag.checks import FAIL, WARN, Context, Plan
 from diag.checks.memory import headroom
 from diag.evidence import RunDir
 from diag.facts import node_facts
 from diag.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEVALUATED
-from diag.kernel import parse_release
 from diag.nvidia import read_nvidia
 from diag.rootfs import Root
 from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
@@ -125,30 +124,14 @@ def exit_code_for(outcome: str) -> int:
 
 
 def failure_catalog(ev: dict, opts: ReproOptions) -> tuple[int | None, str | None]:
-    """The catalog entry (MISSION.md) a failed pin matches."""
-    code, call = ev.get("code"), ev.get("call", "")
-    release = parse_release(os.uname().release) or (0, 0, 0)
-    per_call = opts.chunk or opts.size
-    if call.startswith("cuda"):
-        if code == 712:
-            return 10, "the range, or part of it, is already registered (double registration)"
-        if code == 801 and opts.register_flags == "readonly":
-            return 9, "read-only registration is not supported by this device/driver"
-        if code == 1 and opts.source.startswith("file:") and opts.map == "shared" and opts.register_flags != "readonly":
-            return 9, ("a writable long-term pin of a MAP_SHARED file mapping, which the kernel refuses since 6.5; "
-                       "register it with --register-flags readonly or map it private")
-        if code == 1 and release[:2] == (6, 11) and per_call > 2 * GiB:
-            return 4, "kernel 6.11 fails long-term pins above 2 GiB"
-        if code == 2 and per_call >= 512 * GiB:
-            return 3, "one call of 512 GiB or more fails on driver >= 580.65.06; pin in chunks of <= 64 GiB"
-        if code == 2:
-            return 8, "out of memory for the pinned region or the driver's page tables"
-    if call == "mlock":
-        if code == errno.ENOMEM:
-            return 16, "RLIMIT_MEMLOCK is below the region (or memory ran out)"
-        if code == errno.EAGAIN:
-            return 8, "some pages could not be locked (memory ran out)"
-    return None, None
+    """The catalog entry (diag/catalog.py, the same rules preflight decides with) a failed pin matches."""
+    nv = read_nvidia(Root("/"))
+    ctx = catalog.PinContext(method=opts.method, register_flags=opts.register_flags, source=opts.source, map=opts.map,
+                             per_call_bytes=opts.chunk or opts.size, page_size=PAGE_SIZE, release=os.uname().release,
+                             driver_version=nv.version.version if nv.loaded and nv.version else None,
+                             machine=os.uname().machine)
+    found = catalog.diagnose_failed_pin(ev, ctx)
+    return found.as_tuple() if found else (None, None)
 
 
 def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
@@ -157,7 +140,8 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
     result: dict[str, Any] = {
         "tool": "hostpin", "command": "repro register", "options": asdict(opts), "run_dir": str(run.path),
         "outcome": None, "bound": None, "seconds": None, "rate_gib_s": None, "pinned_pages": None,
-        "expected_pages": opts.size // PAGE_SIZE * opts.ranks, "first_bound_at_s": None, "eta_error": None,
+        "expected_pages": opts.size // PAGE_SIZE * opts.ranks, "page_size": PAGE_SIZE, "first_bound_at_s": None,
+        "eta_error": None,
         "ranks": [], "notes": [],
     }
     if opts.uses_gpu and not read_nvidia(Root("/")).loaded:
@@ -365,9 +349,10 @@ def _rank_result(opts: ReproOptions, c: Child, stop_reason: str | None) -> dict:
         r["outcome"] = "killed"
     else:
         status = c.poll()
+        catalog_id, meaning = failure_catalog({"signal": -status if status and status < 0 else None}, opts)
         r.update(outcome="failed", error={"message": f"the child died before finishing (exit status {status}"
                                                     f"{': killed by signal ' + str(-status) if status and status < 0 else ''}"
-                                                    "; OOM killer? see dmesg)", "catalog": 8 if status == -9 else None})
+                                                    "; OOM killer? see dmesg)", "catalog": catalog_id, "meaning": meaning})
     if c.unkillable:
         r["outcome"] = "unkillable"
     if "unpin_done" in c.last:

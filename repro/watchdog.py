@@ -20,6 +20,7 @@ from typing import Any, Callable
 from diag import process
 from diag.cuda import child_env
 from diag.evidence import RunDir
+from diag.units import PAGE_SIZE  # this node's base page: progress counts pages of that size
 from diag.meminfo import parse_meminfo
 from diag.psi import parse_psi
 from diag.rootfs import read_bounded
@@ -29,7 +30,7 @@ from .bounds import classify, estimate_eta, progress_signals
 
 __all__ = ["Child", "Watchdog", "spawn_child", "kill_and_wait", "PROGRESS_COUNTER"]
 
-# where each method's progress is read, one unit per 4 KiB page:
+# where each method's progress is read, one unit per base page (PAGE_SIZE: 4 KiB on x86-64):
 #  register:  nr_foll_pin_acquired rises by one per page pin_user_pages pins (system-wide)
 #  hostalloc: MemTotal - MemAvailable rises as the driver allocates (system-wide, approximate;
 #             not nr_free_pages, which grows on VMs that plug memory in as it is used)
@@ -251,11 +252,11 @@ class Watchdog:
             if self.rss_base is None:
                 return 0
             rss = sum((p.get("vm_rss") or 0) for p in s["procs"].values())
-            return max(0, (rss - self.rss_base) // 4096)
+            return max(0, (rss - self.rss_base) // PAGE_SIZE)
         if self.pin_t is None:
             return 0
         if self.method == "hostalloc":
-            return max(0, (_in_use(s) - self.pin_in_use) // 4096)
+            return max(0, (_in_use(s) - self.pin_in_use) // PAGE_SIZE)
         return max(0, s["vm"].get(self.source_counter, 0) - self.pin_vm.get(self.source_counter, 0))
 
     def mark_region_base(self) -> None:

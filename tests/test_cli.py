@@ -31,14 +31,24 @@ def test_bad_size_names_a_good_example(run_cli):
 
 
 def test_root_on_the_reference_tree_json(run_cli):
+    """The reference capture lacks the process's cgroup, PSI and the CUDA facts: a gate that fails
+    closed says so and exits 3; accepting each gap explicitly evaluates the rest."""
     r = run_cli("preflight", "--root", str(REFERENCE), "--size", "47.2GiB", "--ranks", "2", "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr
     result = json.loads(r.stdout)
-    assert result["status"] == "warn" and result["exit_code"] == 0
+    assert result["status"] == "error" and result["exit_code"] == 3
+    assert result["schema"] == "hostpin.preflight" and result["schema_version"] == 2
+    assert {e.split(":")[0] for e in result["errors"]} == {"headroom", "psi", "device"}
+    assert any("proc/self/cgroup (not captured)" in m for m in result["not_captured"])
+    r = run_cli("preflight", "--root", str(REFERENCE), "--size", "47.2GiB", "--ranks", "2", "--json",
+                "--cgroup", "none", "--no-cuda", "--skip", "psi")
+    assert r.returncode == 0, r.stdout
+    result = json.loads(r.stdout)
+    assert result["status"] == "pass" and result["binding"] == "MemAvailable"
     ids = {c["id"] for c in result["checks"]}
-    assert {"headroom", "swap", "fragmentation", "thp", "zones", "kernel", "driver", "device"} <= ids
+    assert {"headroom", "swap", "fragmentation", "thp", "zones", "kernel", "driver", "device", "cotenants"} <= ids
     for c in result["checks"]:
-        assert {"id", "status", "summary", "remedy", "evidence"} <= set(c)
+        assert {"id", "status", "summary", "remedy", "evidence", "predicted", "missing"} <= set(c)
     run = Path(result["run_dir"])
     manifest = load_manifest(run)
     assert manifest["complete"] and verify_manifest(run) == []
@@ -49,7 +59,9 @@ def test_root_on_the_reference_tree_json(run_cli):
 
 
 def test_strict_turns_warnings_into_failure(run_cli):
-    r = run_cli("preflight", "--root", str(REFERENCE), "--size", "47.2GiB", "--ranks", "2", "--strict")
+    args = ("preflight", "--root", str(GPU_SNAPSHOT), "--size", "60GiB", "--ranks", "2")
+    assert run_cli(*args).returncode == 0  # headroom: fits, under the margin: a warning
+    r = run_cli(*args, "--strict")
     assert r.returncode == 1 and "--strict" in r.stdout
 
 

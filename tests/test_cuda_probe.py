@@ -38,3 +38,16 @@ def test_error_names():
     from cuda.bindings import runtime
     assert cuda.error_name(runtime.cudaError_t(1)) == "cudaErrorInvalidValue (1)"
     assert cuda.error_name(runtime.cudaError_t(712)) == "cudaErrorHostMemoryAlreadyRegistered (712)"
+
+
+@pytest.mark.parametrize("stdout", ['{"status": "ok", "devices": []}', '[1, 2]', 'Segmentation fault\n{"status": "ok"}',
+                                    '{"status": "splendid", "devices": []}'])
+def test_a_garbled_probe_is_an_error(tmp_path, monkeypatch, stdout):
+    """Edge case named: the child prints something other than the probe's JSON (a wrapper, a crash
+    message, a half-written object). A sitecustomize prints it and exits before the probe runs."""
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import os, sys\nsys.stdout.write({stdout!r} + '\\n')\nsys.stdout.flush()\nos._exit(0)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = cuda.probe_in_child(timeout=30)
+    assert result["status"] == "error" and "without a usable result" in result["message"]
+    assert result["devices"] == []

@@ -64,7 +64,7 @@ def test_gpu_snapshot():
     assert all(x.managed_pages is not None for x in z)
     cg = cgroup.read_cgroup_memory(r)
     assert cg.version == 2 and cg.path.startswith("/process_api/")
-    assert cg.levels and cg.levels[0]["usage_bytes"] > 0
+    assert cg.levels and cg.levels[0].usage_bytes > 0
     hp = hotplug.read_hotplug_policy(r)
     assert hp.auto_online_blocks == "online_kernel" and not hp.hot_added_goes_movable
     nodes = numa.read_numa_nodes(r)

@@ -1,27 +1,30 @@
 """Preflight checks: small units, each with an id, a title, the facts it needs, the failure
-catalog entries it covers (MISSION.md), and `run(ctx) -> Verdict`.
+catalog entries it covers (diag/catalog.py), when it can fail, and `run(ctx) -> Verdict`.
 
-A check never reads a file itself: it asks the Context for facts, which are read once,
-copied into the run's evidence, and shared. A fact that cannot be read turns the checks
-that need it into a skip with the reason.
+A check never reads a file itself: it asks the Context, whose readings are read once, copied
+into the run's evidence, and shared with the run's node facts. The gate fails closed:
+- a check that crashes is status `error` (the run exits 3);
+- a needed reading that is damaged is `error`;
+- a needed reading missing from a captured tree is "not captured": `error` where the check's
+  answer decides the verdict (it can fail this plan, or warn under --strict), else `skip`;
+- a reading the live node does not have (a kernel feature that is off) is the check's to judge.
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Callable
 
-from .. import (buddyinfo, cgroup, hotplug, iommu, kernel, limits, meminfo, numa, nvidia, psi, swap,
-                sysctl, thp, vmstat, zoneinfo)
+from ..facts import ABSENT, DAMAGED, NOT_CAPTURED, OK, UNREADABLE, Readings
 from ..rootfs import Root
+from .. import vmstat
 
-__all__ = ["PASS", "WARN", "FAIL", "SKIP", "STATUS_ORDER", "Verdict", "Check", "Plan", "Context",
-           "register", "all_checks", "FACT_SOURCES"]
+__all__ = ["PASS", "WARN", "FAIL", "SKIP", "ERROR", "STATUS_ORDER", "Verdict", "Check", "Plan", "Context",
+           "register", "all_checks", "METHODS", "never"]
 
-PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
-STATUS_ORDER = {FAIL: 0, WARN: 1, PASS: 2, SKIP: 3}
+PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
+STATUS_ORDER = {ERROR: 0, FAIL: 1, WARN: 2, PASS: 3, SKIP: 4}
 METHODS = ("register", "hostalloc", "mlock")
 
 
@@ -31,6 +34,12 @@ class Verdict:
     summary: str
     remedy: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    predicted: list[int] = field(default_factory=list)   # catalog entries whose condition holds here
+    missing: list[str] = field(default_factory=list)     # inputs not captured / unreadable / damaged
+
+
+def _always(plan: "Plan") -> bool:
+    return True
 
 
 @dataclass
@@ -40,27 +49,60 @@ class Check:
     needs: tuple[str, ...]
     catalog: tuple[int, ...]
     func: Callable[["Context"], Verdict]
+    can_fail: Callable[["Plan"], bool] = _always   # whether this check can FAIL this plan
+    can_warn: Callable[["Plan"], bool] = _always
+    absent: dict[str, str] = field(default_factory=dict)  # fact -> what its absence on the node means
+
+    def decides(self, ctx: "Context") -> bool:
+        return self.can_fail(ctx.plan) or (ctx.strict and self.can_warn(ctx.plan))
 
     def run(self, ctx: "Context") -> Verdict:
         for fact in self.needs:
-            if getattr(ctx, fact) is None:
-                return Verdict(SKIP, f"cannot read {ctx.why_missing(fact)}",
-                               evidence={"missing_fact": fact})
-        return self.func(ctx)
+            state = ctx.state(fact)
+            if state == OK:
+                continue
+            what = ctx.describe(fact)
+            if state == DAMAGED:
+                return Verdict(ERROR, f"damaged reading: {what}; refusing to judge on it",
+                               "capture the node again (hostpin snapshot); a damaged live file is a kernel or "
+                               "hostpin bug worth a report", evidence={"damaged_fact": fact}, missing=[what])
+            if state in (NOT_CAPTURED, UNREADABLE) and self.decides(ctx):
+                return Verdict(ERROR, f"{state}: {what}; this check decides the verdict for this plan",
+                               f"capture it (hostpin snapshot, as root), or accept the gap with --skip {self.id}",
+                               evidence={"missing_fact": fact, "state": state}, missing=[what])
+            if state in (NOT_CAPTURED, UNREADABLE):
+                return Verdict(SKIP, f"{state}: {what}", evidence={"missing_fact": fact, "state": state},
+                               missing=[what])
+            if state == ABSENT:
+                meaning = self.absent.get(fact, "absent on this node")
+                return Verdict(SKIP, f"{meaning}: {what}", evidence={"missing_fact": fact, "state": state})
+        verdict = self.func(ctx)
+        damaged = [f for f in self.needs if ctx.state(f) == DAMAGED]  # read during the check
+        if damaged and verdict.status != ERROR:
+            what = "; ".join(ctx.describe(f) for f in damaged)
+            return Verdict(ERROR, f"damaged reading: {what}; refusing to judge on it", evidence=verdict.evidence,
+                           missing=[what])
+        return verdict
 
 
 _REGISTRY: list[Check] = []
 
 
-def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[int, ...] = ()):
+def never(plan: "Plan") -> bool:
+    return False
+
+
+def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[int, ...] = (),
+             can_fail: Callable[["Plan"], bool] = _always, can_warn: Callable[["Plan"], bool] = _always,
+             absent: dict[str, str] | None = None):
     def wrap(func: Callable[["Context"], Verdict]) -> Callable[["Context"], Verdict]:
-        _REGISTRY.append(Check(id, title, needs, catalog, func))
+        _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {})))
         return func
     return wrap
 
 
 def all_checks() -> list[Check]:
-    from . import fragmentation, memory, platform  # noqa: F401  (registration on import)
+    from . import cotenants, fragmentation, memory, platform  # noqa: F401  (registration on import)
     return list(_REGISTRY)
 
 
@@ -77,6 +119,7 @@ class Plan:
     chunk_bytes: int | None = None   # per-call size when the launcher registers in pieces
     margin: str = "5%"               # of MemTotal, or a size
     reserve_bytes: int = 0           # per rank, beyond the table (e.g. measured staging memory)
+    file: str | None = None          # the table's file, for --source file (its file system decides catalog 9)
 
     @property
     def total_bytes(self) -> int | None:
@@ -100,140 +143,68 @@ class Plan:
         return f"{self.ranks} x {format_bytes(self.size_bytes)} by {self.method}{chunk}"
 
 
-# fact name -> the file a person would look for when it is missing
-FACT_SOURCES = {
-    "meminfo": "proc/meminfo", "vmstat": "proc/vmstat", "buddyinfo": "proc/buddyinfo",
-    "zoneinfo": "proc/zoneinfo", "swaps": "proc/swaps", "psi": "proc/pressure/memory",
-    "release": "proc/sys/kernel/osrelease", "cmdline": "proc/cmdline", "memlock": "proc/self/limits",
-    "proc_status": "proc/self/status", "cgroup": "proc/self/cgroup",
-}
-
-
-class Context:
-    """Facts about the node, read lazily through a Root and shared by all checks."""
+class Context(Readings):
+    """The node's readings plus what this run adds: the plan, the CUDA facts, the swap-in sample."""
 
     def __init__(self, root: Root, plan: Plan, cuda: dict | None = None, cuda_skip_reason: str | None = None,
-                 sample_s: float = 1.0):
-        self.root = root
+                 sample_s: float = 1.0, strict: bool = False, pid: str | int = "self", cgroup_path: str | None = None,
+                 swap_rate_override: float | None = None, cuda_state: str = OK):
+        super().__init__(root, pid=pid, cgroup_path=cgroup_path)
         self.plan = plan
         self.cuda = cuda
         self.cuda_skip_reason = cuda_skip_reason
+        self.cuda_state = cuda_state if cuda is None else OK
         self.sample_s = sample_s
+        self.strict = strict
+        self.swap_rate_override = swap_rate_override  # bytes/s, --swap-in-rate
         self._t0 = time.monotonic()
         self._vmstat_t0 = self.vmstat  # first reading starts the swap-in sample window
 
     def why_missing(self, fact: str) -> str:
-        rel = FACT_SOURCES.get(fact, fact)
-        reason = self.root.missing.get(rel, "absent")
-        return f"{self.root.display(rel)} ({reason})"
+        return self.describe(fact)
 
-    @cached_property
-    def meminfo(self):
-        return meminfo.read_meminfo(self.root)
-
-    @cached_property
-    def vmstat(self):
-        return vmstat.read_vmstat(self.root)
-
-    @cached_property
-    def buddyinfo(self):
-        return buddyinfo.read_buddyinfo(self.root)
-
-    @cached_property
-    def zoneinfo(self):
-        return zoneinfo.read_zoneinfo(self.root)
-
-    @cached_property
-    def swaps(self):
-        return swap.read_swaps(self.root)
-
-    @cached_property
-    def psi(self):
-        return psi.read_psi_memory(self.root)
-
-    @cached_property
-    def release(self):
-        return kernel.read_release(self.root)
-
-    @cached_property
-    def cmdline(self):
-        return kernel.read_cmdline(self.root)
-
-    @cached_property
-    def thp(self):
-        return thp.read_thp(self.root)
-
-    @cached_property
-    def vm(self):
-        return sysctl.read_vm_sysctls(self.root)
-
-    @cached_property
-    def hung_task(self):
-        return sysctl.read_hung_task(self.root)
-
-    @cached_property
-    def memlock(self):
-        return limits.read_memlock(self.root)
-
-    @cached_property
-    def proc_status(self):
-        from ..process import parse_status
-        text = self.root.read_text("proc/self/status")
-        return parse_status(text) if text is not None else None
-
-    @cached_property
-    def cgroup(self):
-        return cgroup.read_cgroup_memory(self.root)
-
-    @cached_property
-    def hotplug(self):
-        return hotplug.read_hotplug_policy(self.root)
-
-    @cached_property
-    def nvidia(self):
-        return nvidia.read_nvidia(self.root)
-
-    @cached_property
+    @property
     def gpu_addresses(self) -> list[str]:
         """PCI addresses of NVIDIA GPUs, from the driver's proc files or the CUDA probe."""
         found = set(self.nvidia.gpus)
-        for dev in (self.cuda or {}).get("devices", []):
-            if dev.get("pci_bus_id"):
+        for dev in (self.cuda or {}).get("devices", []) or []:
+            if isinstance(dev, dict) and isinstance(dev.get("pci_bus_id"), str):
                 found.add(dev["pci_bus_id"].lower())
         return sorted(found)
 
-    @cached_property
+    @property
     def iommu(self):
-        return iommu.read_iommu(self.root, self.gpu_addresses)
+        return self.iommu_for(self.gpu_addresses)
 
-    @cached_property
-    def numa_nodes(self):
-        return numa.read_numa_nodes(self.root)
-
-    @cached_property
+    @property
     def swapin(self) -> dict[str, Any]:
-        """Swap-in rate over a sample window, live only, and only when swap is in use (with
-        nothing in swap there is nothing to swap in, and the launcher saves the second)."""
+        """Swap-in demand over a sample window, live only, and only when swap is in use. This is
+        what other processes are reading back now, not what the device can deliver."""
+        if "_swapin" in self.__dict__:
+            return self.__dict__["_swapin"]
         used = self.meminfo.swap_used_bytes if self.meminfo else None
         before = self._vmstat_t0
         if not self.root.live:
-            return {"sampled": False, "reason": "captured tree: no live sample", "pages_per_s": None}
-        if not used:
-            return {"sampled": False, "reason": "no swap in use", "pages_per_s": 0.0}
-        if not before or "pswpin" not in before or self.sample_s <= 0:
-            return {"sampled": False, "reason": "no pswpin counter or sampling off", "pages_per_s": None}
-        wait = self._t0 + self.sample_s - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        text = self.root.read_fresh("proc/vmstat")
-        after = vmstat.parse_vmstat(text or "")
-        elapsed = time.monotonic() - self._t0
-        pages = after.get("pswpin", before["pswpin"]) - before["pswpin"]
-        if self.root.run is not None and text:
-            self.root.run.add_file("samples/vmstat-after-swapin-sample.txt", text.encode(), kind="sample",
-                                   source="/proc/vmstat", duration_s=elapsed)
-        return {"sampled": True, "window_s": round(elapsed, 3), "pswpin_pages": pages,
-                "pages_per_s": pages / elapsed if elapsed > 0 else None}
+            out = {"sampled": False, "reason": "captured tree: no live sample", "pages_per_s": None}
+        elif not used:
+            out = {"sampled": False, "reason": "no swap in use", "pages_per_s": 0.0}
+        elif not before or "pswpin" not in before or self.sample_s <= 0:
+            out = {"sampled": False, "reason": "no pswpin counter or sampling off", "pages_per_s": None}
+        else:
+            wait = self._t0 + self.sample_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            text = self.root.read_fresh("proc/vmstat")
+            after = vmstat.parse_vmstat(text or "")
+            elapsed = time.monotonic() - self._t0
+            pages = after.get("pswpin", before["pswpin"]) - before["pswpin"]
+            if self.root.run is not None and text:
+                self.root.run.add_file("samples/vmstat-after-swapin-sample.txt", text.encode(), kind="sample",
+                                       source="/proc/vmstat", duration_s=elapsed)
+            out = {"sampled": True, "window_s": round(elapsed, 3), "pswpin_pages": pages,
+                   "pages_per_s": pages / elapsed if elapsed > 0 else None}
+        self.__dict__["_swapin"] = out
+        return out
 
     @property
     def euid_is_root(self) -> bool | None:
@@ -241,7 +212,8 @@ class Context:
             return os.geteuid() == 0
         st = self.proc_status
         if st and "Uid" in st.raw:
-            return st.raw["Uid"].split()[1] == "0"
+            parts = st.raw["Uid"].split()
+            return parts[1] == "0" if len(parts) > 1 else None
         return None
 
     @property

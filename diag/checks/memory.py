@@ -1,108 +1,319 @@
-"""Memory checks: headroom (catalog 8, 12, 16), swap (1), pressure, memlock."""
+"""Memory checks: headroom as the process that pins sees it (catalog 8, 12, 16), swap exposure (1),
+pressure, memlock."""
 from __future__ import annotations
 
-from ..units import PAGE_SIZE, format_bytes, format_duration, parse_size
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import catalog
+from ..process import parse_status
+from ..swap import swapin_rate
+from ..units import GiB, MiB, format_bytes, format_duration, parse_size
 from . import FAIL, PASS, SKIP, WARN, Context, Verdict, register
 
-# 16 B of driver page table per 4 KiB page, kvzalloc'd in kernel memory per registration
-# (open-gpu-kernel-modules nv.c); it comes out of MemAvailable like the region does.
-DRIVER_TABLE_BYTES_PER_PAGE = 16
+# Memory the cgroup is charged beyond the region per pinned page, GPU methods: a touched 4 GiB
+# cudaHostAlloc raised memory.current by 4,113 MiB on the H200 (580.159.04, kernel 6.18, fresh child
+# cgroup): 17 MiB over 1,048,576 pages, mostly the mapping's page tables. The driver's own
+# 48 B/page (catalog.DRIVER_BYTES_PER_PAGE) is vmalloc'd without __GFP_ACCOUNT and is not charged;
+# it comes out of MemAvailable. bench/gpu_issue9.sh re-measures both for both methods.
+CGROUP_BYTES_PER_PAGE = 17
+
+# swap in use below this is noise (a few idle daemons' pages), above it the node has been pushing
+# anonymous memory out and can push a new region out too
+SWAP_IN_USE_THRESHOLD = 64 * MiB
 
 
-def margin_bytes(ctx: Context) -> int:
-    text = ctx.plan.margin.strip()
+def margin_for(plan_margin: str, total: int) -> int:
+    """The margin: a percentage of the memory that binds (MemTotal, or the cgroup's limit) or a size."""
+    text = plan_margin.strip()
     if text.endswith("%"):
-        return int(ctx.meminfo.total_bytes * float(text[:-1]) / 100)
+        return int(total * float(text[:-1]) / 100)
     return parse_size(text)
 
 
-@register("headroom", "Memory headroom for the plan", needs=("meminfo",), catalog=(8, 12, 16))
+@dataclass
+class Need:
+    region_bytes: int           # size x ranks
+    node_bytes: int             # what MemAvailable must cover: region + driver tables + reserve
+    cgroup_bytes: int           # what the cgroup is charged: region + page tables + reserve
+    driver_table_bytes: int
+    reserve_bytes: int
+    pages: int                  # the region in the node's pages
+
+
+def plan_need(ctx: Context) -> Need | None:
+    plan = ctx.plan
+    if not plan.size_bytes:
+        return None
+    pages = -(-plan.size_bytes // ctx.page_size) * plan.ranks
+    tables = pages * catalog.DRIVER_BYTES_PER_PAGE if plan.uses_gpu else 0
+    cg_extra = pages * CGROUP_BYTES_PER_PAGE if plan.uses_gpu else 0
+    reserve = plan.reserve_bytes * plan.ranks
+    total = plan.total_bytes
+    return Need(total, total + tables + reserve, total + cg_extra + reserve, tables, reserve, pages)
+
+
+@dataclass
+class Room:
+    """Where the plan's memory comes from, and how much is there."""
+    binding: str                 # 'MemAvailable' or 'cgroup'
+    binding_dir: str | None
+    available_bytes: int         # at the binding level
+    need_bytes: int | None       # the plan, as that level counts it
+    margin_bytes: int
+    node_available_bytes: int
+    node_margin_bytes: int
+    cgroup_headroom_bytes: int | None
+    cgroup_margin_bytes: int | None
+    high_headroom_bytes: int | None
+    high_dir: str | None
+
+
+def room(ctx: Context) -> Room:
+    m, plan = ctx.meminfo, ctx.plan
+    need = plan_need(ctx)
+    node_margin = margin_for(plan.margin, m.total_bytes)
+    cg = ctx.cgroup
+    binding = cg.binding if cg is not None else None
+    cg_room = binding.headroom_bytes if binding is not None else None
+    cg_margin = margin_for(plan.margin, binding.limit_bytes) if binding is not None else None
+    throttle = cg.throttling if cg is not None else None
+    r = Room("MemAvailable", None, m.available_bytes, need.node_bytes if need else None, node_margin,
+             m.available_bytes, node_margin, cg_room, cg_margin,
+             throttle.high_headroom_bytes if throttle else None, throttle.dir if throttle else None)
+    if cg_room is not None:
+        # compare the room left after each level's own margin; the smaller binds
+        node_left = m.available_bytes - node_margin - (need.node_bytes if need else 0)
+        cg_left = cg_room - cg_margin - (need.cgroup_bytes if need else 0)
+        if cg_left < node_left:
+            r.binding, r.binding_dir, r.available_bytes = "cgroup", binding.dir, cg_room
+            r.need_bytes, r.margin_bytes = (need.cgroup_bytes if need else None), cg_margin
+    return r
+
+
+def _cgroup_evidence(ctx: Context) -> dict | None:
+    cg = ctx.cgroup
+    if cg is None:
+        return None
+    return {"version": cg.version, "path": cg.path, "dir": cg.dir, "source": cg.source,
+            "limit_bytes": cg.limit_bytes, "limit_dir": cg.limit_dir, "headroom_bytes": cg.headroom_bytes,
+            "hierarchical_limit_bytes": cg.hierarchical_limit_bytes, "can_swap": cg.can_swap,
+            "levels": [{"dir": lv.dir, "limit_bytes": lv.limit_bytes, "high_bytes": lv.high_bytes,
+                        "usage_bytes": lv.usage_bytes, "inactive_file_bytes": lv.inactive_file_bytes,
+                        "working_set_bytes": lv.working_set_bytes, "headroom_bytes": lv.headroom_bytes,
+                        "inferred": lv.inferred} for lv in cg.levels],
+            "events": cg.events, "files_not_read": cg.missing[:20]}
+
+
+@register("headroom", "Memory headroom for the plan, as the pinning process's cgroup sees it",
+          needs=("meminfo", "cgroup"), catalog=(8, 12, 16))
 def headroom(ctx: Context) -> Verdict:
     m, plan = ctx.meminfo, ctx.plan
-    if m.available_bytes is None:
+    if m.available_bytes is None or m.total_bytes is None:
         return Verdict(SKIP, "MemAvailable is missing (kernel < 3.14)")
-    margin = margin_bytes(ctx)
+    r = room(ctx)
+    need = plan_need(ctx)
     cg = ctx.cgroup
-    charged = plan.method in ("register", "mlock")  # cudaHostAlloc pages are not charged (catalog 12)
-    cg_headroom = cg.headroom_bytes if (cg is not None and charged) else None
     ev = {
         "mem_total_bytes": m.total_bytes, "mem_available_bytes": m.available_bytes,
-        "margin_bytes": margin, "margin": plan.margin,
-        "cgroup": None if cg is None else {
-            "version": cg.version, "path": cg.path, "limit_bytes": cg.limit_bytes, "limit_dir": cg.limit_dir,
-            "usage_bytes": cg.usage_bytes, "headroom_bytes": cg.headroom_bytes, "charged_for_method": charged},
-        "mlocked_bytes": m.mlocked_bytes,
-        "note": "Mlocked and VmLck do not count pages pinned by the NVIDIA driver (catalog 16): "
-                "after launch, watch MemAvailable, never locked memory, to see the table.",
+        "margin": plan.margin, "margin_bytes": r.margin_bytes, "node_margin_bytes": r.node_margin_bytes,
+        "cgroup": _cgroup_evidence(ctx), "mlocked_bytes": m.mlocked_bytes,
+        "binding": r.binding, "binding_dir": ctx.root.display(r.binding_dir) if r.binding_dir else None,
+        "binding_bytes": r.available_bytes,
+        "driver_bytes_per_page": catalog.DRIVER_BYTES_PER_PAGE, "page_size": ctx.page_size,
+        "note": "Mlocked and VmLck do not count pages pinned by the NVIDIA driver (catalog 16): cudaHostAlloc "
+                "pages show as Shmem/RssShmem, both methods in pins outstanding (nr_foll_pin_acquired - "
+                "nr_foll_pin_released); after launch watch MemAvailable, never locked memory.",
     }
-    binding_name, binding = "MemAvailable", m.available_bytes
-    if cg_headroom is not None and cg_headroom < binding:
-        binding_name, binding = f"cgroup v{cg.version} {cg.limit_dir} (limit {format_bytes(cg.limit_bytes)} - usage {format_bytes(cg.usage_bytes)})", cg_headroom
-    ev.update(binding=binding_name, binding_bytes=binding)
-    if not plan.size_bytes:
-        room = max(0, binding - margin)
-        return Verdict(PASS, f"{format_bytes(room)} can be pinned now leaving a {format_bytes(margin)} margin "
-                             f"({binding_name} {format_bytes(binding)})", evidence=ev)
-    need = plan.total_bytes
-    table = plan.total_bytes // PAGE_SIZE * DRIVER_TABLE_BYTES_PER_PAGE if plan.method == "register" else 0
-    reserve = plan.reserve_bytes * plan.ranks
-    need_all = need + table + reserve
-    ev.update(need_bytes=need, driver_table_bytes=table, reserve_bytes=reserve, need_with_tables_bytes=need_all)
-    per_rank_fit = max(0, (binding - margin) // plan.ranks - (table + reserve) // plan.ranks)
-    extra = f" + {format_bytes(reserve)} reserved" if reserve else ""
-    head = f"need {format_bytes(need_all)} ({plan.describe()}{extra}) against {binding_name} {format_bytes(binding)}"
-    if need_all > binding:
-        remedy = (f"free {format_bytes(need_all + margin - binding)} or shrink the plan: at most "
-                  f"{format_bytes(per_rank_fit)} per rank fits with the margin")
-        if cg_headroom is not None and binding == cg_headroom:
-            remedy += f"; or raise memory.max/limit of {cg.limit_dir}"
-        return Verdict(FAIL, head + ": it does not fit; the region would be swapped out or OOM-killed", remedy, ev)
-    if need_all + margin > binding:
-        return Verdict(WARN, head + f": fits, but leaves {format_bytes(binding - need_all)}, under the "
-                                    f"{format_bytes(margin)} margin",
-                       f"free memory first or use at most {format_bytes(per_rank_fit)} per rank", ev)
-    return Verdict(PASS, head + f": leaves {format_bytes(binding - need_all)}", evidence=ev)
+    where = ("MemAvailable" if r.binding == "MemAvailable" else
+             f"cgroup v{cg.version} {ctx.root.display(r.binding_dir)} (limit {format_bytes(cg.binding.limit_bytes)} - "
+             f"working set {format_bytes(cg.binding.working_set_bytes)})")
+    ev["binding_text"] = where
+    predicted = [16] if plan.uses_gpu else []
+    if need is None:
+        left = max(0, r.available_bytes - r.margin_bytes)
+        return Verdict(PASS, f"{format_bytes(left)} can be pinned now leaving a {format_bytes(r.margin_bytes)} margin "
+                             f"({where} {format_bytes(r.available_bytes)})", evidence=ev, predicted=predicted)
+    ev.update(need_bytes=need.region_bytes, driver_table_bytes=need.driver_table_bytes, reserve_bytes=need.reserve_bytes,
+              need_with_tables_bytes=need.node_bytes, need_cgroup_bytes=need.cgroup_bytes,
+              cgroup_headroom_bytes=r.cgroup_headroom_bytes, throttling_headroom_bytes=r.high_headroom_bytes,
+              throttling_dir=r.high_dir)
+    facts = catalog.Facts(method=plan.method, need_bytes=need.node_bytes, available_bytes=m.available_bytes)
+    if catalog.entry(8).condition(facts):
+        predicted.append(8)
+    if r.cgroup_headroom_bytes is not None and catalog.entry(12).condition(
+            catalog.Facts(need_bytes=need.cgroup_bytes, cgroup_headroom_bytes=r.cgroup_headroom_bytes)):
+        predicted.append(12)
+    per_rank_fit = max(0, (r.available_bytes - r.margin_bytes) // plan.ranks
+                       - (r.need_bytes - need.region_bytes) // plan.ranks)
+    extra = f" + {format_bytes(need.reserve_bytes)} reserved" if need.reserve_bytes else ""
+    head = (f"need {format_bytes(r.need_bytes)} ({plan.describe()}{extra}) against {where} "
+            f"{format_bytes(r.available_bytes)}")
+    if r.need_bytes > r.available_bytes:
+        remedy = (f"free {format_bytes(r.need_bytes + r.margin_bytes - r.available_bytes)} or shrink the plan: at "
+                  f"most {format_bytes(per_rank_fit)} per rank fits with the margin")
+        if r.binding == "cgroup":
+            remedy += (f"; or raise {'memory.max' if cg.version == 2 else 'memory.limit_in_bytes'} of "
+                       f"{ctx.root.display(r.binding_dir)} (every method is charged there: registered pages as the region's own, "
+                       "cudaHostAlloc pages as shmem)")
+        return Verdict(FAIL, head + ": it does not fit; the region would be swapped out or OOM-killed", remedy, ev,
+                       predicted)
+    if r.need_bytes + r.margin_bytes > r.available_bytes:
+        return Verdict(WARN, head + f": fits, but leaves {format_bytes(r.available_bytes - r.need_bytes)}, under the "
+                                    f"{format_bytes(r.margin_bytes)} margin",
+                       f"free memory first or use at most {format_bytes(per_rank_fit)} per rank", ev, predicted)
+    if r.high_headroom_bytes is not None and need.cgroup_bytes > r.high_headroom_bytes:
+        return Verdict(WARN, head + f": fits under memory.max, but passes memory.high of {ctx.root.display(r.high_dir)} "
+                                    f"({format_bytes(r.high_headroom_bytes)} left): throttling starts there, and "
+                                    "faulting the region crawls through forced reclaim",
+                       f"raise memory.high of {ctx.root.display(r.high_dir)} above the plan, or shrink the plan", ev, predicted)
+    return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}", evidence=ev,
+                   predicted=predicted)
 
 
-@register("swap", "Swap in use and swap-in rate", needs=("meminfo",), catalog=(1,))
+def _swap_holders(limit: int = 5) -> list[dict]:
+    """Live only: the processes with the most memory in swap (VmSwap, from /proc/PID/status,
+    which does not take the mmap lock)."""
+    out = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            st = parse_status(Path(f"/proc/{pid}/status").read_text(errors="replace"))
+        except OSError:
+            continue
+        if st.vm_swap_bytes:
+            out.append({"pid": int(pid), "name": st.name, "vm_swap_bytes": st.vm_swap_bytes})
+    return sorted(out, key=lambda p: -p["vm_swap_bytes"])[:limit]
+
+
+def _own_swap(ctx: Context) -> int | None:
+    """Memory of the process (or cgroup) that will pin that is in swap now, when known."""
+    if ctx.root.live and ctx.pid != "self":
+        try:
+            st = parse_status(Path(f"/proc/{ctx.pid}/status").read_text(errors="replace"))
+        except OSError:
+            return None
+        return st.vm_swap_bytes or 0
+    cg = ctx.cgroup
+    if ctx.cgroup_path is not None and cg is not None and cg.levels:
+        return cg.levels[0].swap_usage_bytes
+    return None
+
+
+def swap_prediction(ctx: Context, exposed_bytes: int) -> dict:
+    """Seconds to pin exposed_bytes back from swap, at what the devices can deliver."""
+    media = ctx.swap_media
+    pc = ctx.vm.get("page-cluster")
+    pages = exposed_bytes // ctx.page_size
+    zswapped = (ctx.meminfo.raw.get("Zswapped") or 0) if ctx.zswap_enabled else 0
+    used = ctx.meminfo.swap_used_bytes or 0
+    fast_fraction = min(1.0, zswapped / used) if used else 0.0
+    if ctx.swap_rate_override:
+        rate = ctx.swap_rate_override / ctx.page_size
+        source = "--swap-in-rate"
+        kind = "given"
+        estimate = False
+    else:
+        # the slowest device in use sets the pace (pages of one region spread over all of them)
+        used_media = [d["media"] for d, s in zip(media, ctx.swaps or []) if s.used_bytes] or [d["media"] for d in media]
+        rates = [swapin_rate(k, pc) for k in (used_media or ["unknown"])]
+        slow = min(rates, key=lambda x: x.pages_per_s)
+        rate, source, kind, estimate = slow.pages_per_s, slow.source, slow.media, slow.estimate
+    zrate = swapin_rate("zswap", pc)
+    seconds = pages * (1 - fast_fraction) / rate + pages * fast_fraction / zrate.pages_per_s
+    return {"exposed_bytes": exposed_bytes, "exposed_pages": pages, "rate_pages_per_s": rate, "device_kind": kind,
+            "rate_source": source, "rate_is_estimate": estimate, "page_cluster": pc,
+            "zswap_fraction": round(fast_fraction, 3), "predicted_pin_seconds": round(seconds, 3)}
+
+
+@register("swap", "Swap exposure of the region and the cost of pinning it back", needs=("meminfo",),
+          catalog=(1,))
 def swap(ctx: Context) -> Verdict:
-    m = ctx.meminfo
-    swaps = ctx.swaps or []
-    swappiness = ctx.vm.get("swappiness")
+    m, plan = ctx.meminfo, ctx.plan
     used = m.swap_used_bytes or 0
     total = m.swap_total_bytes or 0
+    swappiness = ctx.vm.get("swappiness")
     ev = {"swap_total_bytes": total, "swap_used_bytes": used, "swappiness": swappiness,
-          "devices": [s.__dict__ for s in swaps], "pswpin_since_boot": (ctx.vmstat or {}).get("pswpin")}
+          "threshold_bytes": SWAP_IN_USE_THRESHOLD, "devices": [s.__dict__ for s in (ctx.swaps or [])],
+          "media": ctx.swap_media, "zswap_enabled": ctx.zswap_enabled,
+          "pswpin_since_boot": (ctx.vmstat or {}).get("pswpin"), "predicted_pin_seconds": 0.0}
     if not total:
         return Verdict(PASS, "no swap configured: no part of the region can be swapped out "
                              "(past the headroom the OOM killer acts instead)", evidence=ev)
     sample = ctx.swapin
-    ev["swapin_sample"] = sample
-    if not used:
-        return Verdict(PASS, f"{format_bytes(total)} of swap, none in use; swappiness {swappiness}", evidence=ev)
-    rate = sample.get("pages_per_s")
-    exposed = min(used, ctx.plan.size_bytes) if ctx.plan.size_bytes else used
-    head = f"{format_bytes(used)} of {format_bytes(total)} swap in use, swappiness {swappiness}"
-    remedy = ("touch and pin the region right after allocating it; keep it out of swap "
-              "(memory.swap.max=0 for the launcher's cgroup, or vm.swappiness=0), or swapoff when there is room; "
-              "cudaHostAlloc pages are never swapped")
-    if rate:
-        cost = exposed / PAGE_SIZE / rate
-        ev.update(estimated_pin_s=cost, exposed_bytes=exposed)
-        return Verdict(WARN, f"{head}; swap-in now {rate:,.0f} pages/s: a region with "
-                             f"{format_bytes(exposed)} in swap would take {format_duration(cost)} to pin "
-                             "(pinning faults swapped pages back one 4 KiB page at a time)", remedy, ev)
-    if not sample.get("sampled"):
-        return Verdict(WARN, f"{head}; swap-in rate not sampled ({sample.get('reason')})", remedy, ev)
-    return Verdict(PASS, f"{head}; no swap-in during the {sample['window_s']:.1f} s sample", evidence=ev)
+    ev["swapin_now"] = sample
+    demand = sample.get("pages_per_s") or 0.0
+    cg = ctx.cgroup
+    can_swap = (swappiness is None or swappiness > 0) and (cg is None or cg.can_swap is not False)
+    ev["can_swap"] = can_swap
+    r = room(ctx)
+    need = plan_need(ctx)
+    region = plan.total_bytes or 0
+    remedy_parts = ["MADV_WILLNEED on the region before pinning (madvise reads its swapped pages back in bulk, "
+                    "not one fault at a time)",
+                    "memory.swap.max=0 for the launcher's cgroup (v1: memory.memsw.limit_in_bytes equal to "
+                    "memory.limit_in_bytes), so the region is never swapped out"]
+    room_for_swapoff = r.node_available_bytes - r.node_margin_bytes - (need.node_bytes if need else 0)
+    if used and room_for_swapoff > used:
+        remedy_parts.append(f"swapoff now: {format_bytes(used)} in swap fits in the {format_bytes(room_for_swapoff)} "
+                            "left after the plan")
+    else:
+        remedy_parts.append(f"swapoff only when there is room ({format_bytes(used)} in swap, "
+                            f"{format_bytes(max(0, room_for_swapoff))} left after the plan)")
+    remedy = "; ".join(remedy_parts)
+    own = _own_swap(ctx)
+    holders = _swap_holders() if ctx.root.live else []
+    ev.update(own_swap_bytes=own, swap_holders=holders)
+    # 1. the plan does not fit in memory: part of it goes to swap while it is faulted in
+    if need is not None and can_swap and r.need_bytes > r.available_bytes:
+        overflow = min(region, r.need_bytes - r.available_bytes)
+        pred = swap_prediction(ctx, overflow)
+        ev.update(pred)
+        return Verdict(FAIL, f"the plan cannot fit without swapping: {format_bytes(overflow)} of it would go to swap "
+                             f"({r.binding} {format_bytes(r.available_bytes)} for {format_bytes(r.need_bytes)}); "
+                             f"pinning it back would take {format_duration(pred['predicted_pin_seconds'])} at "
+                             f"{pred['rate_pages_per_s']:,.0f} pages/s ({pred['device_kind']})",
+                       "shrink the plan or free memory first; " + remedy, ev, predicted=[1])
+    # 2. swap already in use: pages of a new region can land there under the same pressure, and
+    #    the pinning process's own swapped pages (--pid) will be read back by the pin
+    own_part = min(region, own or 0) if region else (own or 0)
+    pressure_part = min(max(0, region - own_part), max(0, used - (own or 0))) if region else 0
+    exposed = own_part + pressure_part
+    pred = swap_prediction(ctx, exposed)
+    ev.update(pred, exposure={"own_bytes": own_part, "pressure_bytes": pressure_part})
+    who = ("held by " + ", ".join(f"pid {h['pid']} ({h['name']}) {format_bytes(h['vm_swap_bytes'])}" for h in holders[:3])
+           if holders else "holders not known (captured tree)" if not ctx.root.live else "held by no process now")
+    head = f"{format_bytes(used)} of {format_bytes(total)} swap in use ({who}), swappiness {swappiness}"
+    if own:
+        head += f"; the pinning process has {format_bytes(own)} of its own in swap"
+    if demand:
+        head += f"; swap-in now {demand:,.0f} pages/s (other processes are reading pages back)"
+    if used > SWAP_IN_USE_THRESHOLD or own:
+        cost = (f"if {format_bytes(exposed)} of the plan lands in swap (the pressure that put "
+                f"{format_bytes(used - (own or 0))} there"
+                + (f", plus the pinning process's own {format_bytes(own_part)}" if own_part else "")
+                + f"), pinning it back takes {format_duration(pred['predicted_pin_seconds'])} at "
+                  f"{pred['rate_pages_per_s']:,.0f} pages/s ({pred['device_kind']}"
+                + (", an estimate" if pred["rate_is_estimate"] else "") + ")") if exposed else \
+               "no size given: the exposure of a plan is not predicted"
+        if not can_swap:
+            cost = "this cgroup cannot swap (memory.swap.max 0 or swappiness 0): the region stays resident"
+            return Verdict(PASS, f"{head}; {cost}", evidence=ev)
+        return Verdict(WARN, f"{head}: {cost}", remedy, ev, predicted=[1])
+    return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold",
+                   evidence=ev)  # swap-in demand alone, with this little in swap, is other processes' business
 
 
 @register("psi", "Memory pressure now (PSI)", needs=("psi",))
 def pressure(ctx: Context) -> Verdict:
     p = ctx.psi
-    some = p.get("some", {}).get("avg10", 0.0)
-    full = p.get("full", {}).get("avg10", 0.0)
-    ev = {"psi": p}
+    some = (p.get("some") or {}).get("avg10") or 0.0
+    full = (p.get("full") or {}).get("avg10") or 0.0
+    ev = {"psi": dict(p)}
     head = f"memory pressure some avg10={some:.2f}%, full avg10={full:.2f}%"
     remedy = "wait for the pressure to pass or find what is reclaiming (PSI rises when tasks wait for memory)"
     if full >= 10:
@@ -112,7 +323,8 @@ def pressure(ctx: Context) -> Verdict:
     return Verdict(PASS, head, evidence=ev)
 
 
-@register("memlock", "Locked-memory limit (RLIMIT_MEMLOCK)", needs=("memlock",), catalog=(16,))
+@register("memlock", "Locked-memory limit (RLIMIT_MEMLOCK)", needs=("memlock",), catalog=(16,),
+          can_fail=lambda plan: plan.method == "mlock", can_warn=lambda plan: False)
 def memlock(ctx: Context) -> Verdict:
     soft, hard = ctx.memlock
     ev = {"soft_bytes": soft, "hard_bytes": hard, "cap_ipc_lock": ctx.has_cap_ipc_lock}
@@ -128,4 +340,3 @@ def memlock(ctx: Context) -> Verdict:
         return Verdict(FAIL, f"memlock {lim} < {format_bytes(need)} per rank: mlock will fail with ENOMEM",
                        "raise it (ulimit -l unlimited, LimitMEMLOCK=infinity, or limits.conf memlock)", ev)
     return Verdict(PASS, f"memlock {lim} covers {format_bytes(need)} per rank", evidence=ev)
-

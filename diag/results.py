@@ -1,0 +1,221 @@
+"""Typed results: what each command decides, as dataclasses with a schema name and version.
+
+A result is turned into JSON by one function, `result_dict`, and written into its run by one
+function, `write_result`; what reads a result (report, compare, the Prometheus writer, the
+CLI's --json) reads fields, never prose: `binding` is a field, not the word "cgroup" in a
+sentence. `load_result` reads any recorded result back, including runs recorded before
+results had a schema (they are upgraded on reading, and say so in `upgraded_from`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "result_dict", "write_result",
+           "load_result", "preflight_result", "repro_result"]
+
+
+@dataclass
+class Result:
+    SCHEMA: ClassVar[str] = "hostpin.result"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return result_dict(self)
+
+
+def result_dict(result: Result) -> dict[str, Any]:
+    """The JSON form of any result: its fields, nested dataclasses as objects, and its schema."""
+    out = {"schema": result.SCHEMA, "schema_version": result.SCHEMA_VERSION}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if f.name == "extra":
+            out.update({k: v for k, v in value.items() if k not in out})
+            continue
+        out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def write_result(run, result: Result) -> dict[str, Any]:
+    """The one writer: the result's JSON into the run (result.json, manifest), returned for --json."""
+    data = result_dict(result)
+    if run is not None:
+        run.finish(data)
+    return data
+
+
+@dataclass
+class CheckResult:
+    id: str
+    title: str
+    status: str                       # pass | warn | fail | skip | error
+    summary: str
+    remedy: str | None = None
+    catalog: list[int] = field(default_factory=list)      # entries the check covers
+    predicted: list[int] = field(default_factory=list)    # entries whose condition holds on this node
+    missing: list[str] = field(default_factory=list)      # inputs not captured / unreadable / damaged
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PreflightResult(Result):
+    SCHEMA: ClassVar[str] = "hostpin.preflight"
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    status: str                              # pass | warn | fail | error
+    exit_code: int
+    verdict: str
+    plan: dict[str, Any] = field(default_factory=dict)
+    root: str | None = None
+    live: bool = True
+    run_dir: str | None = None
+    host: str | None = None
+    kernel: str | None = None
+    machine: str | None = None
+    page_size: int | None = None
+    page_size_source: str | None = None
+    checks: list[CheckResult] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    cuda: dict[str, Any] | None = None
+    duration_s: float | None = None
+    # the figures that readers quote, as fields
+    binding: str | None = None               # 'MemAvailable' or 'cgroup': where the plan's memory binds
+    binding_dir: str | None = None           # the cgroup directory that binds
+    binding_bytes: int | None = None         # memory available at the binding level
+    need_bytes: int | None = None            # the plan as the binding level counts it
+    margin_bytes: int | None = None
+    predicted_pin_seconds: float | None = None  # pinning the part of the plan that could be in swap
+    swap_used_bytes: int | None = None
+    swapin_pages_per_s: float | None = None  # swap-in demand sampled now (not the device's capacity)
+    free_huge_bytes: int | None = None       # free blocks of the THP order
+    catalog_predicted: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)        # checks that could not be evaluated, with why
+    not_captured: list[str] = field(default_factory=list)
+    prometheus: str | None = None
+    config: dict[str, Any] | None = None     # the site file and each setting's value and origin (--config)
+    upgraded_from: int | None = None         # set when read from an older recorded result
+
+    def check(self, check_id: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.id == check_id), None)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PreflightResult":
+        version = data.get("schema_version") if data.get("schema") == cls.SCHEMA else 1
+        checks = [CheckResult(**{k: c.get(k) for k in ("id", "title", "status", "summary", "remedy")},
+                              catalog=list(c.get("catalog") or []), predicted=list(c.get("predicted") or []),
+                              missing=list(c.get("missing") or []), evidence=dict(c.get("evidence") or {}))
+                  for c in data.get("checks") or [] if isinstance(c, dict)]
+        names = {f.name for f in dataclasses.fields(cls)} - {"checks"}
+        kwargs = {k: data.get(k) for k in names if k in data}
+        kwargs.setdefault("status", data.get("status") or "error")
+        kwargs.setdefault("exit_code", data.get("exit_code", 3))
+        kwargs.setdefault("verdict", data.get("verdict") or "")
+        result = cls(checks=checks, **{k: v for k, v in kwargs.items() if v is not None or k in ("status",)})
+        if version == 1:
+            _upgrade_preflight_v1(result)
+        return result
+
+
+def _upgrade_preflight_v1(r: PreflightResult) -> None:
+    """Runs recorded before the schema kept these figures only inside the checks' evidence."""
+    r.upgraded_from = 1
+    head = r.check("headroom")
+    ev = head.evidence if head else {}
+    legacy = ev.get("binding")
+    if isinstance(legacy, str) and r.binding is None:
+        # the one place prose is read: schema 1 wrote the binding as a sentence
+        r.binding = "cgroup" if legacy.startswith("cgroup") else "MemAvailable"
+        cg = ev.get("cgroup") or {}
+        r.binding_dir = cg.get("limit_dir") if r.binding == "cgroup" else None
+    if r.binding_bytes is None:
+        r.binding_bytes = ev.get("binding_bytes")
+    if r.need_bytes is None:
+        r.need_bytes = ev.get("need_with_tables_bytes")
+    swap = r.check("swap")
+    sev = swap.evidence if swap else {}
+    if r.swapin_pages_per_s is None:
+        r.swapin_pages_per_s = (sev.get("swapin_sample") or {}).get("pages_per_s")
+        if r.swapin_pages_per_s is None and swap and not sev.get("swap_total_bytes"):
+            r.swapin_pages_per_s = 0.0
+    if r.swap_used_bytes is None:
+        r.swap_used_bytes = sev.get("swap_used_bytes") if swap else (r.facts or {}).get("swap_used_bytes")
+    if r.free_huge_bytes is None:
+        r.free_huge_bytes = (r.facts or {}).get("free_order9_bytes")
+
+
+@dataclass
+class ReproRegisterResult(Result):
+    """`hostpin repro register`'s result; the keys not named here are kept in `extra` (the
+    reproducer's own figures, which issue 10's restructuring may move)."""
+    SCHEMA: ClassVar[str] = "hostpin.repro-register"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    outcome: str | None = None
+    verdict: str | None = None
+    exit_code: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    run_dir: str | None = None
+    bound: str | None = None
+    seconds: float | None = None
+    rate_gib_s: float | None = None
+    clean_rate_gib_s: float | None = None
+    pinned_pages: int | None = None
+    expected_pages: int | None = None
+    page_size: int | None = None
+    swapin_pages_per_s: float | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    upgraded_from: int | None = None
+
+    @property
+    def failed_catalog(self) -> list[int]:
+        return [r["error"]["catalog"] for r in self.ranks if isinstance(r, dict)
+                and isinstance(r.get("error"), dict) and r["error"].get("catalog")]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReproRegisterResult":
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: data[k] for k in names if k in data}
+        extra = {k: v for k, v in data.items() if k not in names and k not in ("schema", "schema_version")}
+        result = cls(**known, extra=extra)
+        if data.get("schema") != cls.SCHEMA:
+            result.upgraded_from = 0
+        return result
+
+
+_SCHEMAS = {PreflightResult.SCHEMA: PreflightResult, ReproRegisterResult.SCHEMA: ReproRegisterResult}
+
+
+def load_result(data: Any) -> Result | dict[str, Any]:
+    """A recorded result as its dataclass; a result of a kind with no schema yet stays a dict."""
+    if not isinstance(data, dict):
+        return {}
+    cls = _SCHEMAS.get(data.get("schema"))
+    if cls is None:
+        command = data.get("command")
+        cls = {"preflight": PreflightResult, "repro register": ReproRegisterResult}.get(command)
+    return cls.from_dict(data) if cls else data
+
+
+def preflight_result(data: dict[str, Any]) -> PreflightResult | None:
+    r = load_result(data)
+    return r if isinstance(r, PreflightResult) else None
+
+
+def repro_result(data: dict[str, Any]) -> ReproRegisterResult | None:
+    r = load_result(data)
+    return r if isinstance(r, ReproRegisterResult) else None

@@ -1,0 +1,70 @@
+"""Typed results: one writer, a schema on every result, readers that take fields, and runs recorded
+before the schema (tests/fixtures) still loading, rendering and comparing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diag.checks import Plan
+from diag.preflight import run_preflight
+from diag.prometheus import render_textfile
+from diag.render import render_preflight
+from diag.report import render_report
+from diag.results import PreflightResult, ReproRegisterResult, load_result, result_dict
+from diag.runs import open_run_path
+from diag.units import GiB
+
+from conftest import FIXTURES, GPU_SNAPSHOT
+
+OLD_RUNS = sorted(p.name for p in FIXTURES.iterdir() if (p / "result.json").is_file())
+
+
+def test_a_new_result_round_trips():
+    r = run_preflight(Plan(size_bytes=int(47.2 * GiB), ranks=2), GPU_SNAPSHOT, cuda="captured")
+    data = result_dict(r)
+    assert data["schema"] == "hostpin.preflight" and data["schema_version"] == 2
+    again = load_result(json.loads(json.dumps(data)))
+    assert isinstance(again, PreflightResult) and again.upgraded_from is None
+    assert result_dict(again) == data
+    assert again.binding == "MemAvailable" and again.binding_bytes == data["checks"][
+        [c["id"] for c in data["checks"]].index("headroom")]["evidence"]["binding_bytes"]
+
+
+@pytest.mark.parametrize("name", OLD_RUNS)
+def test_old_recorded_runs_load_and_render(name):
+    data = json.loads((FIXTURES / name / "result.json").read_text())
+    loaded = load_result(data)
+    run = open_run_path(FIXTURES / name)
+    try:
+        text = render_report(run, fmt="markdown")
+    finally:
+        run.close()
+    assert text.startswith("# hostpin ")
+    if data.get("command") == "preflight":
+        assert isinstance(loaded, PreflightResult) and loaded.upgraded_from == 1
+        assert loaded.binding == "MemAvailable" and loaded.binding_bytes
+        assert render_preflight(result_dict(loaded)).startswith("hostpin preflight: ")
+        assert "hostpin_headroom_bytes{binding=\"MemAvailable\"}" in render_textfile(data, 0.0)
+    elif data.get("command") == "repro register":
+        assert isinstance(loaded, ReproRegisterResult) and loaded.upgraded_from == 0
+        assert result_dict(loaded)["outcome"] == data["outcome"]
+        assert {k for k in data} <= set(result_dict(loaded))
+
+
+def test_the_binding_is_a_field_not_a_sentence(tree):
+    """Prometheus labels the headroom by the `binding` field: a cgroup that binds says cgroup."""
+    t = tree(GPU_SNAPSHOT)
+    leaf = next(p for p in t.path.glob("sys/fs/cgroup/process_api/*/memory.max")).parent
+    (leaf / "memory.max").write_text(str(8 * GiB))
+    (leaf / "memory.current").write_text(str(1 * GiB))
+    r = run_preflight(Plan(size_bytes=GiB, method="hostalloc"), t.path, cuda="captured")
+    text = render_textfile(r, 1.0)
+    assert f'hostpin_headroom_bytes{{binding="cgroup"}} {r.binding_bytes}' in text
+    r.checks = []  # no check left to read prose from: the figures stand on their own
+    assert f'binding="cgroup"' in render_textfile(r, 1.0)
+
+
+def test_repro_failed_catalog_field():
+    data = json.loads((FIXTURES / "h200-repro-fileshared-fail" / "result.json").read_text())
+    assert load_result(data).failed_catalog == [9]
