@@ -6,7 +6,7 @@ import pytest
 
 MODULES = ["diag.units", "diag.meminfo", "diag.vmstat", "diag.buddyinfo", "diag.zoneinfo", "diag.swap",
            "diag.psi", "diag.kernel", "diag.thp", "diag.limits", "diag.cgroup", "diag.nvidia", "diag.process",
-           "repro.staging"]
+           "repro.staging", "diag.memacct"]
 
 
 @pytest.mark.parametrize("name", MODULES)
