@@ -4,14 +4,14 @@
 # a repeat with all three sides is ~15 s (context ~0.5 s, 2 pageable bursts of 3 GiB at ~7.4 GB/s,
 # 2 cudaHostAlloc'd bursts, 2 memcpy bursts, a settled reading after each), --hold 10 adds 10 s.
 # Each case runs under its own cap (SIGINT: the command kills its child and exits) and is skipped
-# when less than its cap is left before 450 s, so the whole stays under 8 minutes.
+# when less than its cap is left before 440 s, so the whole stays under 8 minutes (with the install).
 # Writes: $OUT/report-8.txt (per case: command, rc, seconds, the rendered result) and
 # $OUT/staging-runs-8.tgz (cases/<name>.json, .err and the run directories with every raw repeat).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
 R=/tmp/s8; rm -rf $R; mkdir -p $R/cases
 START=$(date +%s)
-BUDGET=450
+BUDGET=440
 case_() {
   local name=$1 cap=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - START) ))
@@ -39,7 +39,7 @@ EOF
 }
 {
   date; nvidia-smi -L; uname -r; nproc
-  case_ defaults 150
+  case_ defaults 170
   case_ control 60 --sides control
   case_ threads1 100 --threads 1 --repeat 2
   case_ threads64 100 --threads 64 --repeat 2

@@ -135,7 +135,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
 @click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
               help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
-@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=5.0, show_default=True,
+@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
               help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
 @click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option

@@ -66,7 +66,7 @@ def rss_by_mapping() -> dict[str, int]:
 
 class Settler:
     def __init__(self, root: Root | None = None, cgroup: tuple[int, str] | None = None, tolerance: int = 1 << 20,
-                 max_s: float = 5.0, gap_s: float = 0.15, fold: bool = True):
+                 max_s: float = 3.0, gap_s: float = 0.15, fold: bool = True):
         self.root = root or Root("/")
         self.cgroup = cgroup
         self.tolerance, self.max_s, self.gap_s = tolerance, max_s, gap_s

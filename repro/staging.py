@@ -65,7 +65,7 @@ class StagingOptions:
     device: int = 0
     sides: tuple[str, ...] = SIDES
     settle_tolerance: int = 1 * MiB
-    settle_max_s: float = 5.0
+    settle_max_s: float = 3.0
     timeout_s: float = 600.0
     force: bool = False
 

@@ -96,7 +96,7 @@ def run(spec: dict) -> dict:
     sides = set(spec["sequence"])
     root = Root("/")
     settler = Settler(root, memcg_dir(root), tolerance=spec.get("settle_tolerance", 1 << 20),
-                      max_s=spec.get("settle_max_s", 5.0), gap_s=spec.get("settle_gap_s", 0.15))
+                      max_s=spec.get("settle_max_s", 3.0), gap_s=spec.get("settle_gap_s", 0.15))
     out: dict = {"spec": spec, "pid": os.getpid(), "steps": [], "per_burst_bytes": per * threads}
     out["before_context"] = snapshot(settler)
     cuda = rt = None
