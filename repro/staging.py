@@ -4,7 +4,8 @@ Each repeat is a child (repro.staging_child), a fresh process, that runs bursts 
 sides in one sequence: copies from pageable buffers, from pinned buffers, and the control (the
 same bursts as memcpy between pageable buffers, no CUDA). After every burst the memory
 accounting settles (repro.settle, diag.memacct): in use = MemTotal - MemAvailable without the
-pages parked on per-CPU free lists and the watermark boost's share, net of the process's own RSS.
+pages parked on per-CPU free lists and the watermark boost's share, net of the process's own RSS
+and of the anonymous memory other processes took or gave back meanwhile.
 
 This module starts the children, keeps their raw output, and does the accounting (pure
 functions, tested on recorded runs): per side and repeat the memory its bursts left (summed),
