@@ -34,8 +34,8 @@ read here from the kernel's own counters (sources named where they are used):
   accepted (mm/page_alloc.c __free_unaccepted, try_to_accept_memory_one): not a confounder.
 - memory-cgroup charge batching: up to MEMCG_CHARGE_BATCH (64) pages per CPU are charged
   ahead (mm/memcontrol.c consume_stock), so memory.current moves in such steps.
-- high-atomic reserves stay in NR_FREE_PAGES (mm/page_alloc.c reserve_highatomic_pageblock; only
-  the watermark checks discount them): not a confounder of MemAvailable.
+- free pages in high-atomic reserves stay in NR_FREE_PAGES; only the watermark checks discount
+  them (mm/page_alloc.c __zone_watermark_unusable_free): not a confounder of MemAvailable.
 - on the CI VM's kernel (6.18.44-fc, patched page reporting) /proc/vmstat nr_free_pages stays
   gigabytes below MemFree: reported pages are kept outside that counter. Readings therefore take
   MemTotal, MemFree and MemAvailable from /proc/meminfo only.
