@@ -54,6 +54,10 @@ def run_figures(run: Run) -> dict[str, Any]:
     if r.get("command") == "repro staging" and (r.get("summary") or {}).get("repeats"):
         side = r["summary"]["sides"]["pageable"]["hidden_total_bytes"]
         out["staging_pageable_hidden_mib"] = side["median"] / (1 << 20)
+    elif r.get("command") == "repro staging" and r.get("schema_version"):  # corrected figures, per side
+        for name, side in (r.get("sides") or {}).items():
+            if side.get("retained_bytes") is not None:
+                out[f"staging_{name}_retained_mib"] = side["retained_bytes"] / (1 << 20)
     return out
 
 
@@ -66,6 +70,9 @@ LABELS = {"command": "command", "status": "verdict", "plan": "plan", "headroom_b
           "binding": "binds at", "predicted_pin_seconds": "predicted pin s (swapped part)",
           "swapin_pages_per_s": "swap-in pages/s", "pin_seconds": "pin time", "rate_gib_s": "pin GiB/s",
           "clean_rate_gib_s": "clean rate GiB/s", "bound": "bound", "staging_pageable_hidden_mib": "staging left, MiB",
+          "staging_pageable_retained_mib": "staging retained (pageable), MiB",
+          "staging_pinned_retained_mib": "staging retained (pinned), MiB",
+          "staging_control_retained_mib": "staging control arm, MiB",
           **FACT_LABELS}
 
 

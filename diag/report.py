@@ -177,8 +177,15 @@ def _matrix_body(r: dict, md: bool) -> str:
                     tablefmt="github" if md else "simple") + "\n"
 
 
-def staging_body(r: dict, md: bool) -> str:
-    """The staging measurement's table, noise and the --reserve hint (the command and the report)."""
+def _mib(n, signed: bool = True) -> str:
+    if n is None:
+        return "n/a"
+    v = round(n / (1 << 20))
+    return f"{v:+d}" if signed and v else str(v)
+
+
+def _legacy_staging_body(r: dict, md: bool) -> str:
+    """Runs recorded before per-CPU free lists were counted (no schema): their table, said to be uncorrected."""
     s = r.get("summary") or {}
     if not s.get("repeats"):
         return "No repeat finished.\n"
@@ -198,14 +205,75 @@ def staging_body(r: dict, md: bool) -> str:
                      med(f["hidden_total_bytes"]), rng(f["hidden_total_bytes"]), f"{thr:.1f}" if thr else "n/a"])
     out = tabulate(rows, headers=["side", "after 1st burst MiB", "range", "each later burst MiB", "hidden total MiB",
                                   "range", "GB/s"], tablefmt="github" if md else "simple") + "\n"
-    noise = s["noise_bytes"]
-    out += (f"\nnoise (baseline drift + sample spread): median {noise['median'] / mib:.1f} MiB, max "
-            f"{noise['max'] / mib:.1f} MiB; context itself: {s['context_bytes']['median'] / mib:+.0f} MiB; after "
-            f"cudaDeviceReset vs baseline: {s['after_reset_vs_baseline_bytes']['median'] / mib:+.0f} MiB; "
-            f"{s['repeats']} repeats\n")
-    d = s.get("difference_hidden_total_bytes") or {}
-    if d.get("median") is not None:
-        out += f"pageable minus pinned, paired by repeat: {med(d)} MiB (range {rng(d)})\n"
+    out += ("\nRecorded before hostpin counted the per-CPU free lists: these figures are uncorrected "
+            "(MemTotal - MemAvailable moves by this much on its own), nothing in them is attributed to the driver, "
+            "and no --reserve is derived from them. Measure again with this version.\n")
+    return out
+
+
+_PLACES = ("vmalloc", "shmem", "kernel", "unevictable", "pins", "cgroup", "cgroup_anon", "cgroup_shmem", "cgroup_file",
+           "cgroup_kernel", "cgroup_vmalloc", "cgroup_percpu", "iommu", "deferred_split")
+
+
+def staging_body(r: dict, md: bool) -> str:
+    """The staging measurement: per side what stayed, beyond the control, the noise, where it sits,
+    the corrections, reset/exit, and the --reserve advice (the command and the report)."""
+    if "summary" in r and "schema_version" not in r:
+        return _legacy_staging_body(r, md)
+    sides = r.get("sides") or {}
+    if not r.get("repeats") or not sides:
+        return "No repeat finished.\n"
+    fmt = "github" if md else "simple"
+    rows = []
+    for side, f in sides.items():
+        lo, hi = f["retained_range_bytes"]
+        b = f.get("beyond_control_range_bytes")
+        thr = f.get("throughput_gb_s")
+        rows.append([side, _mib(f["retained_bytes"]), f"{_mib(lo)}..{_mib(hi)}",
+                     _mib(f.get("beyond_control_bytes")) + (f" ({_mib(b[0])}..{_mib(b[1])})" if b else ""),
+                     "±" + ("n/a" if f["noise_bytes"] is None else f"{f['noise_bytes'] / (1 << 20):.1f}"),
+                     "yes" if f.get("attributed") else "no",
+                     _mib(f.get("uncorrected_bytes")), f"{thr:.1f}" if thr else "n/a"])
+    out = tabulate(rows, headers=["side", "retained MiB", "range", "beyond control", "noise", "driver's",
+                                  "uncorrected MiB", "GB/s"], tablefmt=fmt) + "\n"
+    read = [k for k in _PLACES if any(f["attribution"].get(k) is not None for f in sides.values())]
+    moved = [k for k in read if any(abs(f["attribution"].get(k) or 0) >= (1 << 19) for f in sides.values())]
+    if moved:
+        where = [[side] + [_mib(f["attribution"].get(k)) for k in moved] for side, f in sides.items()]
+        out += "\nWhere it sits (change over the side's bursts, median of repeats, MiB):\n\n"
+        out += tabulate(where, headers=["side"] + moved, tablefmt=fmt) + "\n"
+    if read:
+        still = [k for k in read if k not in moved]
+        out += (f"\n{'Also read, each' if moved else 'Where it could sit, each'} within ±0.5 MiB: "
+                + ", ".join(still) + ".\n") if still else ""
+    g = r.get("figures") or {}
+    rows = r.get("corrections") or []
+    pcp = [c["per_cpu_lists_bytes"] for c in rows if c.get("per_cpu_lists_bytes") is not None]
+    boost = [c["watermark_boost_bytes"] for c in rows if c.get("watermark_boost_bytes")]
+    settled = g.get("steps_settled") or [0, 0]
+    settle_s = sorted(c["settle_s"] for c in rows if c.get("settle_s") is not None)
+    out += "\nCorrections: per burst, "
+    out += (f"the per-CPU free lists moved {_mib(min(pcp))}..{_mib(max(pcp))} MiB (subtracted)" if pcp
+            else "no per-CPU list counts")
+    out += f", the watermark boost {_mib(min(boost))}..{_mib(max(boost))} MiB" if boost else ", no watermark boost"
+    out += (f"; {settled[0]} of {settled[1]} readings settled"
+            + (f" (median {settle_s[len(settle_s) // 2]:.2f} s)" if settle_s else "") + ".\n")
+    seen = g.get("seen") or {}
+    if seen:
+        out += ("Seen during the bursts (reported, not subtracted): "
+                + ", ".join(f"{k} {v:+,}" for k, v in sorted(seen.items())) + ".\n")
+    if g.get("stat_drift_bound_bytes"):
+        out += (f"The per-CPU counters were read unfolded (not root?): each may be off by up to "
+                f"{_mib(g['stat_drift_bound_bytes'], False)} MiB.\n")
+    for key, label in (("reset_left_bytes", "left after teardown (buffers freed, cudaDeviceReset if CUDA ran) vs "
+                                             "before the context"),
+                       ("exit_left_bytes", "left after the process exited vs before it started"),
+                       ("hold_returned_bytes", "came back during the hold"),
+                       ("baseline_drift_bytes", "drift between the two baselines")):
+        st = g.get(key)
+        if st and st.get("median") is not None:
+            out += f"{label}: {_mib(st['median'])} MiB (range {_mib(st['min'])}..{_mib(st['max'])})\n"
+    out += f"{r['repeats']} repeats, each a fresh process; noise = the control arm's largest total plus what the readings still moved.\n"
     if r.get("reserve_hint"):
         out += f"\napply: {r['reserve_hint']}\n"
     return out
@@ -257,6 +325,8 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
         r = dict(r, verdict=matrix_verdict(r["rows"], r.get("size") or 0))
         bad = [x for x in r["rows"] if x.get("outcome") not in ("completed", "slow", "skipped")]
         status = "failed" if bad else "completed"
+    if run.command == "repro staging" and r.get("summary") and "schema_version" not in r:
+        r = dict(r, verdict="UNCORRECTED, recorded before hostpin counted the per-CPU free lists: " + str(r.get("verdict")))
     title = f"hostpin {run.command}: {status.upper()}"
     verdict = r.get("verdict") or "(no verdict: the run did not finish; see manifest.jsonl)"
     parts = [f"# {title}\n\n**{verdict}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]

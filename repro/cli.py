@@ -120,47 +120,68 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
 
 @repro.command("staging")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--sides", "sides_text", default="pageable,pinned,control", show_default=True,
+              metavar="pageable,pinned,control",
+              help="Which bursts to run, in one sequence: copies from pageable buffers, from pinned buffers, and "
+                   "the control arm (the same bursts as memcpy between pageable buffers, no CUDA). "
+                   "--sides control needs no GPU: it measures this node's noise floor.")
 @click.option("--bytes", "nbytes", type=SIZE, default="3GiB", show_default=True, help="Bytes per burst.")
 @click.option("--threads", type=click.IntRange(min=1, max=1024), default=24, show_default=True,
               help="Concurrent copies each burst is split over.")
 @click.option("--direction", type=click.Choice(["h2d", "d2h", "both"]), default="h2d", show_default=True)
 @click.option("--bursts", type=click.IntRange(min=1, max=100), default=2, show_default=True,
               help="Bursts of each side per repeat.")
-@click.option("--order", type=click.Choice(["alternate", "pageable-first", "pinned-first"]), default="alternate",
-              show_default=True, help="alternate is ABBA: neither side is favoured by going first.")
+@click.option("--order", type=click.Choice(["alternate", "pageable-first", "pinned-first", "control-first"]),
+              default="alternate", show_default=True,
+              help="alternate runs the sides forward then backward (ABCCBA): no side is favoured by going first.")
 @click.option("--repeat", type=click.IntRange(min=1, max=100), default=3, show_default=True,
-              help="Repeats, each in a fresh process with its own CUDA context.")
+              help="Repeats, each in a fresh process (with its own CUDA context); every figure is their median.")
 @click.option("--hold", "hold_s", type=click.IntRange(min=0, max=3600), default=0, show_default=True,
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
-@click.option("--samples", type=click.IntRange(min=1, max=50), default=5, show_default=True,
-              help="Readings of the memory counters per step (their median is used).")
-@click.option("--force", is_flag=True, help="Run even when MemAvailable is below a burst plus 1 GiB.")
+@click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
+              help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
+@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
+              help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
+@click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option
 @out_option
-def staging_cmd(device, nbytes, threads, direction, bursts, order, repeat, hold_s, samples, force, as_json, out):
-    """Host memory left behind by copies from pageable memory, against pinned memory.
+def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, repeat, hold_s, settle_tolerance,
+                settle_max, force, as_json, out):
+    """Host memory that copies leave behind, against a control arm that does the same without CUDA.
 
-    Bursts of --threads concurrent copies of --bytes from pageable buffers and from pinned
-    (cudaHostAlloc) buffers; after each, the buffers are freed and the allocator trimmed, and
-    the memory in use (MemTotal - MemAvailable) is compared with the process's RSS: what no
-    process counter shows is the driver's staging memory. Exit code 0: measured; 1: every
-    repeat failed; 3: no GPU; 4: refused.
+    \b
+    Bursts of --threads concurrent copies of --bytes, from pageable buffers, from pinned
+    (cudaHostAlloc) buffers, and as plain memcpy (the control), in one sequence per fresh
+    process. After each burst the buffers are freed and the memory accounting settles: in use
+    (MemTotal - MemAvailable) without the pages parked on per-CPU free lists and the watermark
+    boost's share, net of the process's RSS. What stays is attributed to the driver only when
+    it exceeds the control arm by more than the noise, and is located (vmalloc, shmem, kernel,
+    unevictable, pins outstanding, the cgroup). Exit code 0: measured; 1: every repeat failed;
+    3: no GPU for a CUDA side (--sides control runs without one); 4: refused.
     """
     import json as _json
 
     from .register import exit_code_for
     from .render import render_staging
-    from .staging import StagingOptions, run_staging
+    from .staging import StagingOptions, parse_sides, run_staging
 
+    try:
+        sides = parse_sides(sides_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--sides'")
+    if order.endswith("-first") and order[:-len("-first")] not in sides:
+        raise click.BadParameter(f"{order} needs {order[:-len('-first')]} in --sides", param_hint="'--order'")
     opts = StagingOptions(bytes=nbytes, threads=threads, direction=direction, bursts=bursts, order=order,
-                          repeat=repeat, hold_s=hold_s, device=device, samples=samples, force=force)
+                          repeat=repeat, hold_s=hold_s, device=device, sides=sides, settle_tolerance=settle_tolerance,
+                          settle_max_s=settle_max, force=force)
     run = open_run(out, "repro-staging")
     progress = (lambda text: click.echo(f"hostpin repro staging: {text}", err=True)) if sys.stderr.isatty() else None
     result = run_staging(opts, run, progress=progress)
-    result["exit_code"] = exit_code_for(result["outcome"])
-    run.finish(result)
-    click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_staging(result))
-    return result["exit_code"]
+    result.exit_code = exit_code_for(result.outcome)
+    doc = result.to_dict()
+    run.finish(doc)
+    click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
+    return result.exit_code
 
 
 def _json_error(argv: list[str], message: str, exit_code: int) -> None:

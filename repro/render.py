@@ -116,11 +116,12 @@ def render_staging(r: dict[str, Any]) -> str:
     if o:
         lines.append(f"  {o['repeat']} repeats x {o['bursts']} bursts per side of {format_bytes(o['bytes'])} over "
                      f"{o['threads']} threads, {o['direction']}, order {' '.join(r.get('sequence', []))}")
-    if (r.get("summary") or {}).get("repeats"):
+    if r.get("repeats"):
         lines.append("")
         lines.append(staging_body(r, md=False).rstrip("\n"))
     for f in r.get("failures", []):
         lines.append(f"repeat {f['repeat']} failed: {f['error']}")
     lines.append("")
-    lines.append(f"evidence: {r['run_dir']} (repeats/N.json raw, repeats/N.log per step, manifest.json)")
+    lines.append(f"evidence: {r['run_dir']} (repeats/N.json raw, repeats/N.parent.json, repeats/N.log per step, "
+                 "manifest.json)")
     return "\n".join(lines)

@@ -1,13 +1,20 @@
 """The staging-memory child: `python -m repro.staging_child SPEC_JSON`, one fresh process per repeat.
 
-It creates a CUDA context, then runs bursts of concurrent copies from pageable and from pinned
-host buffers. Around every step it records the system-wide memory counters (several samples),
-its own RSS and the RSS of each kind of mapping (anonymous, the driver's /dev/nvidia* files,
-shared memory, other files). It prints one JSON document on stdout at the end, and one JSON
-line per step on stderr as it goes (the parent keeps both).
+It runs bursts of concurrent copies in the order the spec gives, each burst one of three sides:
+- pageable: cudaMemcpy from (or to) freshly mapped pageable buffers;
+- pinned: the same from cudaHostAlloc buffers;
+- control: the same bursts as memcpy between pageable buffers, no CUDA: the destination
+  buffers stand where the device buffers stand, allocated once before the baseline.
+After every burst the sources are freed and the allocator trimmed, then the memory accounting
+settles (repro.settle: per-CPU lists, watermark boost, cgroup, pins, ...) and the process's RSS
+by kind of mapping is read. One JSON document goes to stdout at the end, one JSON line per
+step to stderr as it goes (the parent keeps both).
+
+CUDA is imported only when a CUDA side is in the sequence: a control-only run never loads it
+(the output says whether it was loaded).
 
 Traps it avoids: glibc keeping freed chunks (buffers are mmap'd, malloc_trim after each burst),
-zero pages (buffers are filled), and a growing MemTotal (in use = MemTotal - MemAvailable).
+zero pages (buffers are filled), a growing MemTotal (in use = MemTotal - MemAvailable).
 """
 from __future__ import annotations
 
@@ -17,23 +24,23 @@ import gc
 import json
 import mmap
 import os
-import statistics
 import sys
 import threading
 import time
 
-from diag.meminfo import parse_meminfo
-from diag.rootfs import read_bounded
+from diag.memacct import memcg_dir
+from diag.rootfs import Root
 
-from .cudapin import Cuda
+from .settle import Settler
 
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 libc.malloc_trim.argtypes = [ctypes.c_size_t]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 libc.memset.restype = ctypes.c_void_p
+libc.memcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+libc.memcpy.restype = ctypes.c_void_p
 
-_MEM_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Cached", "Shmem", "Mapped", "AnonPages", "SUnreclaim",
-             "KernelStack", "PageTables", "SecPageTables", "Unevictable", "Mlocked", "VmallocUsed")
+CUDA_SIDES = ("pageable", "pinned")
 
 
 def log(step: str, **fields) -> None:
@@ -41,136 +48,134 @@ def log(step: str, **fields) -> None:
     sys.stderr.flush()
 
 
-def meminfo() -> dict[str, int]:
-    raw = parse_meminfo(read_bounded("/proc/meminfo", 1 << 20).decode()).raw
-    return {k: raw[k] for k in _MEM_KEYS if k in raw}
-
-
-def rss_by_mapping() -> dict[str, int]:
-    """Rss of this process by kind of mapping, from /proc/self/smaps (bytes)."""
-    out = {"anon": 0, "nvidia": 0, "shmem": 0, "file": 0, "other": 0}
-    kind = "other"
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            first = line.split(None, 1)[0]
-            if "-" in first and not first.endswith(":"):
-                parts = line.split()
-                path = parts[5] if len(parts) > 5 else ""
-                if not path or path.startswith("[anon") or path in ("[heap]", "[stack]"):
-                    kind = "anon"
-                elif path.startswith("/dev/nvidia"):
-                    kind = "nvidia"
-                elif path.startswith(("/dev/shm", "/memfd:", "/SYSV")):
-                    kind = "shmem"
-                elif path.startswith("/"):
-                    kind = "file"
-                else:
-                    kind = "other"
-            elif first == "Rss:":
-                out[kind] += int(line.split()[1]) * 1024
-    out["total"] = sum(v for k, v in out.items())
-    return out
-
-
-def snapshot(samples: int, gap: float) -> dict:
-    """Several readings: the median of in-use, its spread, and the process's side."""
+def snapshot(settler: Settler) -> dict:
+    """The settled accounting and this process's RSS, after collecting and trimming."""
     gc.collect()
     libc.malloc_trim(0)
-    readings = []
-    for i in range(samples):
-        if i:
-            time.sleep(gap)
-        readings.append(meminfo())
-    in_use = [r["MemTotal"] - r["MemAvailable"] for r in readings]
-    last = readings[-1]
-    return {"in_use_bytes": int(statistics.median(in_use)), "in_use_spread_bytes": max(in_use) - min(in_use),
-            "mem_total_bytes": last["MemTotal"], "meminfo": last, "rss": rss_by_mapping()}
+    return settler.settle()
+
+
+def _mapped(size: int, count: int) -> tuple[list[mmap.mmap], list[int]]:
+    maps = [mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(count)]
+    return maps, [ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps]
+
+
+def _unmap(maps: list[mmap.mmap]) -> None:
+    for m in maps:
+        m.close()
+
+
+def _concurrently(fn, count: int) -> float:
+    """fn(i) on count threads at once; seconds until all returned. ctypes and cuda.bindings
+    release the GIL during the call, so the copies do run in parallel."""
+    errors: list[str] = []
+
+    def run(i: int) -> None:
+        try:
+            fn(i)
+        except Exception as exc:  # the first error is raised below, with its name
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    t0 = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.monotonic() - t0
+    if errors:
+        raise RuntimeError(f"copy failed: {errors[0]}")
+    return seconds
 
 
 def run(spec: dict) -> dict:
     size, threads = spec["bytes"], spec["threads"]
     per = -(-size // threads)
     per = -(-per // 4096) * 4096
-    samples, gap = spec.get("samples", 5), spec.get("sample_gap_s", 0.05)
     directions = ["h2d", "d2h"] if spec["direction"] == "both" else [spec["direction"]]
-    out: dict = {"spec": spec, "pid": os.getpid(), "steps": []}
-    before_ctx = snapshot(samples, gap)
-    t0 = time.monotonic()
-    cuda = Cuda(spec.get("device", 0))
-    rt = cuda.rt
-    out["context_s"] = time.monotonic() - t0
-    dev_bufs = [cuda.call("cudaMalloc", rt.cudaMalloc(per)) for _ in range(threads)]
-    # the baseline, twice, some time apart: their difference is part of the noise estimate
-    base1 = snapshot(samples, gap)
+    sides = set(spec["sequence"])
+    root = Root("/")
+    settler = Settler(root, memcg_dir(root), tolerance=spec.get("settle_tolerance", 1 << 20),
+                      max_s=spec.get("settle_max_s", 3.0), gap_s=spec.get("settle_gap_s", 0.15))
+    out: dict = {"spec": spec, "pid": os.getpid(), "steps": [], "per_burst_bytes": per * threads}
+    out["before_context"] = snapshot(settler)
+    cuda = rt = None
+    dev_bufs: list = []
+    if sides & set(CUDA_SIDES):
+        from .cudapin import Cuda
+        t0 = time.monotonic()
+        cuda = Cuda(spec.get("device", 0))
+        rt = cuda.rt
+        out["context_s"] = time.monotonic() - t0
+        dev_bufs = [cuda.call("cudaMalloc", rt.cudaMalloc(per)) for _ in range(threads)]
+    dst_maps: list[mmap.mmap] = []
+    dst: list[int] = []
+    if "control" in sides:
+        # the control's stand-in for the device buffers: filled once, before the baseline
+        dst_maps, dst = _mapped(per, threads)
+        _concurrently(lambda i: libc.memset(dst[i], 0xA5, per), threads)
+    # the baseline, twice, some time apart: their difference is reported as drift
+    base1 = snapshot(settler)
     time.sleep(spec.get("settle_s", 0.3))
-    base2 = snapshot(samples, gap)
-    out["before_context"] = before_ctx
+    base2 = snapshot(settler)
     out["baseline"] = base2
-    out["baseline_drift_bytes"] = base2["in_use_bytes"] - base1["in_use_bytes"]
-    log("baseline", in_use=base2["in_use_bytes"], drift=out["baseline_drift_bytes"])
-    kinds = {"h2d": rt.cudaMemcpyKind.cudaMemcpyHostToDevice, "d2h": rt.cudaMemcpyKind.cudaMemcpyDeviceToHost}
-    previous = base2
+    out["baseline_first"] = base1
+    log("baseline", settled=base2["settle"]["settled"], seconds=base2["settle"]["seconds"])
     for index, side in enumerate(spec["sequence"]):
-        host = []
-        if side == "pageable":
-            maps = [mmap.mmap(-1, per, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for _ in range(threads)]
-            ptrs = [ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps]
-            host = maps
+        pinned: list[int] = []
+        maps: list[mmap.mmap] = []
+        if side == "pinned":
+            ptrs = pinned = [int(cuda.call("cudaHostAlloc", rt.cudaHostAlloc(per, 0))) for _ in range(threads)]
         else:
-            ptrs = [int(cuda.call("cudaHostAlloc", rt.cudaHostAlloc(per, 0))) for _ in range(threads)]
-        for p in ptrs:
-            libc.memset(p, 0x5A, per)
-        step = {"index": index, "side": side, "throughput": {}}
+            maps, ptrs = _mapped(per, threads)
+        fill_s = _concurrently(lambda i: libc.memset(ptrs[i], 0x5A, per), threads)  # no zero pages
+        step = {"index": index, "side": side, "throughput": {}, "fill_s": fill_s}
         for direction in directions:
-            errors = []
-
-            def copy(i: int) -> None:
-                try:
-                    if direction == "h2d":
-                        cuda.call("cudaMemcpy", rt.cudaMemcpy(dev_bufs[i], ptrs[i], per, kinds[direction]))
+            if side == "control":
+                def copy(i: int, d=direction) -> None:
+                    if d == "h2d":
+                        libc.memcpy(dst[i], ptrs[i], per)
                     else:
-                        cuda.call("cudaMemcpy", rt.cudaMemcpy(ptrs[i], dev_bufs[i], per, kinds[direction]))
-                except Exception as exc:
-                    errors.append(str(exc))
+                        libc.memcpy(ptrs[i], dst[i], per)
+            else:
+                kind = (rt.cudaMemcpyKind.cudaMemcpyHostToDevice if direction == "h2d"
+                        else rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
 
-            workers = [threading.Thread(target=copy, args=(i,)) for i in range(threads)]
-            t0 = time.monotonic()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            cuda.call("cudaDeviceSynchronize", rt.cudaDeviceSynchronize())
-            seconds = time.monotonic() - t0
-            if errors:
-                raise RuntimeError(f"copy failed: {errors[0]}")
+                def copy(i: int, d=direction, k=kind) -> None:
+                    if d == "h2d":
+                        cuda.call("cudaMemcpy", rt.cudaMemcpy(dev_bufs[i], ptrs[i], per, k))
+                    else:
+                        cuda.call("cudaMemcpy", rt.cudaMemcpy(ptrs[i], dev_bufs[i], per, k))
+            seconds = _concurrently(copy, threads)
+            if cuda is not None and side != "control":
+                cuda.call("cudaDeviceSynchronize", rt.cudaDeviceSynchronize())
             step["throughput"][direction] = {"seconds": seconds, "gb_s": per * threads / seconds / 1e9}
         # free the sources, trim the allocator, then measure what stayed
-        if side == "pageable":
-            del ptrs
-            for m in host:
-                m.close()
-        else:
-            for p in ptrs:
-                cuda.call("cudaFreeHost", rt.cudaFreeHost(p))
-        after = snapshot(samples, gap)
-        step["after"] = after
-        step["delta_in_use_bytes"] = after["in_use_bytes"] - previous["in_use_bytes"]
-        step["delta_rss_bytes"] = after["rss"]["total"] - previous["rss"]["total"]
+        _unmap(maps)
+        for p in pinned:
+            cuda.call("cudaFreeHost", rt.cudaFreeHost(p))
+        step["after"] = snapshot(settler)
         out["steps"].append(step)
-        log("burst", index=index, side=side, delta=step["delta_in_use_bytes"], rss=step["delta_rss_bytes"],
+        log("burst", index=index, side=side, settled=step["after"]["settle"]["settled"],
+            settle_s=step["after"]["settle"]["seconds"],
             throughput={k: round(v["gb_s"], 2) for k, v in step["throughput"].items()})
-        previous = after
     hold = []
+    t_hold = time.monotonic()
     for i in range(int(spec.get("hold_s", 0))):
-        time.sleep(1.0)
-        s = snapshot(samples, gap)
-        hold.append({"t": i + 1, "in_use_bytes": s["in_use_bytes"], "rss_total": s["rss"]["total"]})
+        time.sleep(max(0.0, t_hold + i + 1 - time.monotonic()))
+        s = snapshot(settler)
+        s["t"] = i + 1
+        hold.append(s)
     out["hold"] = hold
-    for b in dev_bufs:
-        cuda.call("cudaFree", rt.cudaFree(b))
-    cuda.call("cudaDeviceReset", rt.cudaDeviceReset())
-    out["after_reset"] = snapshot(samples, gap)
-    log("reset", in_use=out["after_reset"]["in_use_bytes"])
+    _unmap(dst_maps)
+    if cuda is not None:
+        for b in dev_bufs:
+            cuda.call("cudaFree", rt.cudaFree(b))
+        cuda.call("cudaDeviceReset", rt.cudaDeviceReset())
+    out["teardown"] = "buffers freed, cudaDeviceReset" if cuda is not None else "buffers unmapped (no CUDA)"
+    out["after_reset"] = snapshot(settler)
+    out["cuda_loaded"] = any(name == "cuda" or name.startswith("cuda.") for name in sys.modules)
+    log("reset", settled=out["after_reset"]["settle"]["settled"])
     return out
 
 

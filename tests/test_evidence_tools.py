@@ -80,7 +80,9 @@ def test_report_of_a_killed_run_uses_the_kill_stacks(tmp_path):
 
 def test_report_of_staging_and_matrix(tmp_path):
     text = render_report(open_run_path(copy_run(tmp_path, "h200-staging/defaults")))
-    assert "## Staging memory" in text and "pageable" in text and "apply:" in text
+    # recorded before per-CPU free lists were counted: said to be uncorrected, no --reserve advice
+    assert "## Staging memory" in text and "pageable" in text and "UNCORRECTED" in text.splitlines()[2]
+    assert "apply:" not in text
     text = render_report(open_run_path(copy_run(tmp_path, "h200-repro-matrix16")))
     assert "register 35.8 GiB/s with THP on and prefault on" in text.splitlines()[2]
     assert "hostalloc" in text[text.index("## Matrix"):]
