@@ -313,8 +313,19 @@ def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entri
 
 
 def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> None:
-    """Written next to out under a temporary name, fsynced, renamed over it (0600)."""
+    """Written next to out under a temporary name, fsynced, renamed over it (0600). Only a
+    regular file (or a link, which the rename replaces) is ever replaced: a device such as
+    /dev/full, a directory or a pipe is refused, never turned into a file."""
     parent = out.parent if str(out.parent) else Path(".")
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise BundleOutputError(f"cannot write the bundle {out}: it is not a regular file; give a file name, "
+                                "e.g. -o node17.tar.gz")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:

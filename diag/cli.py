@@ -271,9 +271,13 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         result["verdict"] += " (--strict: warnings fail)"
     prom_error = None
     if prometheus is not None:
+        import stat as _stat
         import time as _time
         from .prometheus import write_textfile
         try:
+            st = os.lstat(prometheus) if os.path.lexists(prometheus) else None
+            if st is not None and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISLNK(st.st_mode)):
+                raise OSError(0, "not a regular file (it is replaced by a rename, so only a file is written)")
             result["prometheus"] = str(write_textfile(result, prometheus, _time.time()))
         except OSError as exc:
             prom_error = f"cannot write {prometheus}: {exc.strerror or exc}"
@@ -449,13 +453,13 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
     2: RUN_DIR does not exist; 3: it could not be read or vouched for, or the bundle not written.
     """
     from .bundle import BundleError, BundleMissing, make_bundle
-    try:
-        with evaluating(str(run_dir)):
+    with evaluating(str(run_dir)):
+        try:
             result = make_bundle(run_dir, output, redact=redact, limits=_limits(max_size, max_files))
-    except BundleMissing as exc:
-        raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
-    except BundleError as exc:
-        raise InputError(str(exc)) from None
+        except BundleMissing as exc:
+            raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
+        except BundleError as exc:
+            raise InputError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -1,7 +1,6 @@
 """Run every check against a node (live or captured) for a plan, and decide."""
 from __future__ import annotations
 
-import json
 import platform
 import socket
 import threading
@@ -20,13 +19,13 @@ __all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe"]
 
 
 def load_captured_cuda(root_dir: Path) -> dict | None:
-    """The CUDA facts a snapshot kept next to its tree (RUN/probes/cuda.json), if any."""
-    for candidate in (root_dir.parent / "probes" / "cuda.json", root_dir / "probes" / "cuda.json"):
-        if candidate.is_file():
-            try:
-                return json.loads(candidate.read_text())
-            except json.JSONDecodeError:
-                return None
+    """The CUDA facts a snapshot kept next to its tree (RUN/probes/cuda.json), if any: a JSON
+    object read without following a link (diag.confined), else None."""
+    from .confined import read_json_object
+    for base in (root_dir.parent, root_dir):
+        found = read_json_object(base, "probes/cuda.json")
+        if found is not None:
+            return found
     return None
 
 

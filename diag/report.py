@@ -220,7 +220,10 @@ def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
               "root/proc/swaps", "root/sys/kernel/mm/transparent_hugepage/enabled",
               "root/sys/kernel/mm/transparent_hugepage/defrag", "root/proc/driver/nvidia/version",
               "probes/cuda.json", "root/proc/pressure/memory", "root/proc/cmdline"]
-    entries = [e for e in run.manifest.get("entries", []) if not e.get("skipped") and e.get("kind") != "dir"]
+    # files added after the run (an earlier report, its picture) are not evidence: leaving them out
+    # keeps the report a function of what the run recorded
+    entries = [e for e in run.manifest.get("entries", []) if not e.get("skipped") and e.get("kind") != "dir"
+               and not e.get("added_after_run")]
     chosen, seen = [], set()
     for prefix in wanted:
         for e in entries:
