@@ -138,10 +138,11 @@ def _remove_file(item: Leftover) -> list[str]:
     return []
 
 
-def remove_leftovers(dry_run: bool = False) -> dict:
+def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dict:
     """Remove what killed runs left (owners dead); leave what running runs hold. The result
-    lists each thing found, what was done, and what could not be undone."""
-    found = find_leftovers()
+    lists each thing found, what was done, and what could not be undone. pids: only those
+    owners' (a test cleaning up after its own run)."""
+    found = [x for x in find_leftovers() if pids is None or x.pid in pids]
     order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4}
     rows, problems = [], []
     for item in sorted(found, key=lambda x: (order[x.kind], x.path)):
