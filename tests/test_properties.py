@@ -25,7 +25,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 from diag.runs import RunError, open_run_path  # noqa: E402
-from diag.units import MAX_SIZE, SizeError, parse_rate, parse_size  # noqa: E402
+from diag import units  # noqa: E402
+from diag.units import SizeError, parse_rate, parse_size  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
 from test_hostile import hp  # noqa: E402
@@ -35,6 +36,7 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
 settings.register_profile("explore", parent=settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1
+MAX_SIZE = getattr(units, "MAX_SIZE", 1 << 60)  # 1 EiB
 
 UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from diag.evidence import load_manifest, verify_manifest
-from diag.leftovers import find_leftovers
 from repro.cgroups import CgroupError, cgroup_layout, leftover_cgroups
 from repro.swapfile import PREFIX as SWAP_PREFIX, active_swaps
 
@@ -59,6 +58,7 @@ def run_owners(run_dir: str | Path) -> set[int]:
 def assert_nothing_left(run_dir: str | Path):
     """Nothing of this run is left: its own swap files, cgroups, throttles and /dev/shm files
     (other runs on this shared machine hold theirs), and its evidence matches its manifest."""
+    from diag.leftovers import find_leftovers
     owners = run_owners(run_dir)
     assert owners, f"{run_dir} does not say which process made it"
     mine = [x.describe() for x in find_leftovers() if x.pid in owners]
