@@ -200,14 +200,10 @@ class RunCgroup:
                         _write(parent_procs, str(pid))
                     except CgroupError:
                         pass
-                try:
-                    d.rmdir()
+                why = _try_rmdir(d, deadline)
+                if why is not False:
+                    problems += [why] if why else []
                     break
-                except OSError as exc:
-                    if time.monotonic() > deadline:
-                        problems.append(f"cannot remove {d}: {exc.strerror}")
-                        break
-                    time.sleep(0.05)
         for top, ctl in self.enabled_controllers:
             try:
                 _write(top / "cgroup.subtree_control", f"-{ctl}")
@@ -215,6 +211,29 @@ class RunCgroup:
                 pass  # another cgroup started using it meanwhile: leave it on
         self.enabled_controllers.clear()
         return problems
+
+
+def _try_rmdir(d: Path, deadline: float) -> str | None | bool:
+    """None: removed (or gone); False: busy, try again; a message: still busy at the deadline."""
+    try:
+        d.rmdir()
+        return None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if time.monotonic() > deadline:
+            return f"cannot remove {d}: {exc.strerror}"
+        time.sleep(0.05)
+        return False
+
+
+def remove_dir(d: Path, wait_s: float = 5.0) -> list[str]:
+    """rmdir a cgroup, retrying while the kernel still counts a task that left it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        why = _try_rmdir(d, deadline)
+        if why is not False:
+            return [why] if why else []
 
 
 def leftover_cgroups(owner: int | None = None) -> list[str]:

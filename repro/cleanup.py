@@ -19,6 +19,8 @@ from typing import Callable
 
 from diag.leftovers import CLEANUP_COMMAND, Leftover, find_leftovers
 
+from .cgroups import remove_dir
+
 __all__ = ["Cleanup", "Interrupted", "leftovers_refusal", "remove_leftovers"]
 
 
@@ -110,19 +112,7 @@ def _remove_cgroup(item: Leftover) -> list[str]:
                 (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} 0")
             except OSError as exc:
                 problems.append(f"cannot lift the throttle {line} in {path}: {exc.strerror}")
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            path.rmdir()
-            break
-        except FileNotFoundError:
-            break
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                problems.append(f"cannot remove {path}: {exc.strerror}")
-                break
-            time.sleep(0.05)
-    return problems
+    return problems + remove_dir(path)
 
 
 def _remove_file(item: Leftover) -> list[str]:
