@@ -327,12 +327,13 @@ class Dir:
         rel = normalize(rel)
         parent, name = self._parent(rel, create=True)
         try:
-            flags = os.O_WRONLY | _NOFOLLOW | os.O_CREAT
+            # O_NONBLOCK: a named pipe planted there fails at once (ENXIO) instead of hanging
+            flags = os.O_WRONLY | _NOFOLLOW | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
             flags |= os.O_APPEND if append else os.O_EXCL
             try:
                 fd = os.open(name, flags, mode, dir_fd=parent)
             except OSError as exc:
-                if exc.errno == errno.ELOOP:
+                if exc.errno in (errno.ELOOP, errno.ENXIO):
                     raise self._refuse_link(parent, name, rel) from None
                 raise
         finally:
@@ -340,6 +341,7 @@ class Dir:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise PathRefused(f"{rel} is not a regular file: not written")
+        os.set_blocking(fd, True)
         return fd
 
     def makedirs(self, rel: str) -> None:

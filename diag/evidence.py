@@ -373,6 +373,9 @@ def _load(d: Dir, name: str) -> dict[str, Any]:
         added, _cut = _read_lines(d, ADDED, ADDED)
         manifest["entries"] = manifest["entries"] + [
             dict(_check_entry(e, f"{ADDED} line {i + 1}"), added_after_run=True) for i, e in enumerate(added)]
+    if len(manifest["entries"]) > 2 * d.limits.files:  # each file has an entry, a few also a skip or a reopen
+        raise ManifestError(f"{len(manifest['entries']):,} entries, more than a run of {d.limits.files:,} files "
+                            "can have (--max-files raises the limit)")
     return manifest
 
 

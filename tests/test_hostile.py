@@ -596,11 +596,12 @@ def test_13_no_traceback_for_command_line_values(tmp_path, args):
 @pytest.mark.parametrize("target", ["missing/dir/report.md", "/sys/hostpin-report.md", "/dev/full"])
 def test_13_an_unwritable_output_is_exit_3_in_one_line(tmp_path, target):
     out = str(tmp_path / target) if not target.startswith("/") else target
-    one_line_error(hp("report", str(FIXTURES / "ci-preflight"), "-o", out), 3)
+    run = copy_run(tmp_path, "ci-preflight")
+    one_line_error(hp("report", str(run), "-o", out), 3)
     if target != "/dev/full":
-        one_line_error(hp("bundle", str(FIXTURES / "ci-preflight"), "-o", out + ".tar.gz"), 3)
+        one_line_error(hp("bundle", str(run), "-o", out + ".tar.gz"), 3)
     else:
-        r = hp("bundle", str(FIXTURES / "ci-preflight"), "-o", out)
+        r = hp("bundle", str(run), "-o", out)
         one_line_error(r, 3)
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # never replaced by a file
 
@@ -620,8 +621,9 @@ def test_13_a_tar_member_named_dot(tmp_path):
 def test_13_ctrl_c_during_start_up_prints_no_traceback(tmp_path):
     """SIGINT at moments spread over the start-up (imports), as a user's Ctrl-C lands."""
     seen = []
+    run = copy_run(tmp_path, "ci-preflight")
     for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.45):
-        proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "report", str(FIXTURES / "ci-preflight")],
+        proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "report", str(run), "--format", "text"],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
