@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     # directory, a reproduction's cleanup) runs; a reproduction installs its own handlers
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # evidence is private: whatever creates a file during the command (a child's log, a stream)
+    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
+    os.umask(os.umask(0o077) | 0o077)
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:

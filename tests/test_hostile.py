@@ -44,6 +44,8 @@ def hp(*args: str, cwd: Path | None = None, env: dict | None = None) -> Result:
     old_cwd = os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     old_env = dict(os.environ)
+    old_umask = os.umask(0o022)
+    os.umask(old_umask)
     code: object = 0
     try:
         if cwd:
@@ -63,6 +65,7 @@ def hp(*args: str, cwd: Path | None = None, env: dict | None = None) -> Result:
         os.environ.update(old_env)
         for s, h in handlers.items():
             signal.signal(s, h)
+        os.umask(old_umask)
     return Result(code, out.getvalue(), err.getvalue())
 
 

@@ -82,6 +82,10 @@ def test_clean_mlock_pin(tmp_path):
     manifest = load_manifest(run)
     kinds = {e["kind"] for e in manifest["entries"]}
     assert {"timeline", "events", "child-log", "result"} <= kinds
+    import stat
+    modes = {str(p.relative_to(run)): oct(stat.S_IMODE(p.lstat().st_mode)) for p in run.rglob("*")}
+    assert {k: m for k, m in modes.items() if m != ("0o700" if (run / k).is_dir() else "0o600")} == {}
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # issue 11, case 15: the child's log too
     assert_nothing_left(run)
 
 
