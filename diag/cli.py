@@ -23,8 +23,8 @@ import click
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError", "evaluating",
-           "unexpected", "json_errors"]
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+           "evaluating", "unexpected", "json_errors"]
 
 
 class InputError(click.ClickException):

@@ -142,7 +142,8 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
         elif dry_run:
             row["action"] = "would remove"
         else:
-            undo = {"swap": _remove_swap, "swap-file": _remove_swap, "cgroup": _remove_cgroup}.get(item.kind, _remove_file)
+            undo = {"swap": _remove_swap, "swap-file": _remove_swap,
+                    "cgroup": _remove_cgroup}.get(item.kind, _remove_file)
             try:
                 row["problems"] = undo(item)
             except Exception as exc:  # keep removing the rest

@@ -66,7 +66,8 @@ def repro():
 @click.option("--margin", default="5%", show_default=True, help="Memory that must stay free (refusal threshold).")
 @click.option("--force", is_flag=True, help="Run even when the headroom check says the node cannot take it.")
 @click.option("--ignore-leftovers", is_flag=True,
-              help="Run even beside swap files, cgroups or throttles left by killed runs (see `hostpin repro cleanup`).")
+              help="Run even beside swap files, cgroups or throttles left by killed runs "
+                   "(see `hostpin repro cleanup`).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring this node's clean rate first (256 MiB).")
 @click.option("--register-twice", is_flag=True, help="Register the first chunk a second time (catalog 10).")
@@ -103,7 +104,8 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         from .swapfile import MIN_PAGES, PAGE
         if make_swap < MIN_PAGES * PAGE:
             raise click.BadParameter(f"{make_swap} bytes is smaller than a swap area can be; use at least "
-                                     f"{MIN_PAGES * PAGE // 1024}KiB, e.g. --make-swap 1GiB", param_hint="'--make-swap'")
+                                     f"{MIN_PAGES * PAGE // 1024}KiB, e.g. --make-swap 1GiB",
+                                     param_hint="'--make-swap'")
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")

@@ -135,7 +135,8 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size < size:
                 os.close(fd)
-                what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"smaller than the region ({size} bytes)"
+                what = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+                        else f"smaller than the region ({size} bytes)")
                 raise LibcError(errno.EINVAL, f"{path} is {what}; an existing file is never grown or written")
             writable = False
             prot = PROT_READ

@@ -68,7 +68,8 @@ def test_5_9_a_sigkilled_reproduction_is_found_refused_beside_removed_and_report
         assert check["status"] == "warn" and "hostpin repro cleanup" in check["remedy"]
         assert f"owner pid {proc.pid} dead" in check["summary"]
         # ... and a new reproduction refuses to start beside them unless told
-        r = hostpin("repro", "register", "--size", "16MiB", "--method", "mlock", "--json", "--out", str(tmp_path / "r2"))
+        r = hostpin("repro", "register", "--size", "16MiB", "--method", "mlock", "--json",
+                    "--out", str(tmp_path / "r2"))
         res = json.loads(r.stdout)
         assert r.returncode == 4 and res["outcome"] == "refused" and res["refusal"]["check"] == "leftovers"
         assert "--ignore-leftovers" in res["verdict"] and "hostpin repro cleanup" in res["verdict"]
