@@ -2,41 +2,74 @@
 
 Before packing, every file's size and sha256 are checked against the manifest; a file that
 changed, is missing, is not in the manifest, or is a symbolic link stops the bundle (links are
-never followed, nothing outside the run directory is read). With redact=True, host names, IP
-and MAC addresses, user names, serial numbers and UUIDs are replaced by tokens, the same value
-by the same token everywhere, and redactions.json in the bundle lists each token, its kind and
-where it occurs (never the original). A redacted bundle carries a manifest of its own contents.
+never followed, nothing outside the run directory is read: diag.confined). A run that was
+killed before it finished (no manifest.json, only its journal) is bundled as *partial*: the
+entries its journal has are verified, the files it wrote but did not get to record (the
+timeline it was appending to, a child's log) are packed with their size and sha256 taken
+now and marked `recorded: false`, and the bundle's manifest says `partial: true` and when the
+run last wrote anything (`killed_at`).
+
+With redact=True, host names, IP and MAC addresses (colon and dash forms, BOOTIF=01-...),
+user names, serial numbers, UUIDs, Kubernetes pod UIDs, container IDs and machine IDs are
+replaced by tokens, the same value by the same token everywhere (file contents, file names,
+every string of the manifest), and redactions.json in the bundle lists each token, its kind
+and where it occurs (never the original). A redacted bundle carries a manifest of its own contents.
+
+The bundle is written to a temporary file next to its destination and renamed over it, 0600.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import io
 import json
 import os
 import re
+import stat
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .evidence import load_manifest, verify_manifest
+from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, open_dir
+from .evidence import ADDED, ManifestError, load_manifest, unrecorded_files, verify_manifest
 
-__all__ = ["BundleError", "make_bundle", "Redactor"]
-
-_MANIFESTS = {"manifest.json", "manifest.jsonl"}
+__all__ = ["BundleError", "BundleMissing", "BundleOutputError", "make_bundle", "Redactor", "last_write"]
 
 
 class BundleError(RuntimeError):
-    pass
+    """The run cannot be bundled (exit 3): damaged, unverifiable, or holding a link."""
+
+
+class BundleMissing(BundleError):
+    """The run directory named does not exist (exit 2)."""
+
+
+class BundleOutputError(BundleError):
+    """The bundle could not be written where asked (exit 3)."""
+
+
+_HEX = "0-9A-Fa-f"
 
 
 class Redactor:
     """Finds identifiers in text and replaces each distinct value with a stable token."""
 
+    # (kind, regex): group 1 when the regex has one, else the whole match
     PATTERNS = [
-        ("MAC", re.compile(r"(?<![0-9A-Fa-f:])[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}(?![0-9A-Fa-f:])")),
-        ("UUID", re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
-                            r"(?![0-9A-Fa-f])")),
+        # Kubernetes pod UIDs, in cgroup paths as pod<uid> (cgroupfs) or pod<uid with _> (systemd)
+        ("POD", re.compile(rf"(?<![A-Za-z0-9])pod([{_HEX}]{{8}}[-_][{_HEX}]{{4}}[-_][{_HEX}]{{4}}[-_][{_HEX}]{{4}}"
+                           rf"[-_][{_HEX}]{{12}})(?![{_HEX}])")),
+        # container IDs: 64 hex after docker-, cri-containerd-, crio-, a '/' or containerd://
+        ("CONTAINER", re.compile(rf"(?:(?<=[/-])|(?<=://))([0-9a-f]{{64}})(?![{_HEX}])")),
+        ("MAC", re.compile(rf"(?<![{_HEX}:])[{_HEX}]{{2}}(?::[{_HEX}]{{2}}){{5}}(?![{_HEX}:])")),
+        # dash form, and PXE's BOOTIF=01-aa-bb-cc-dd-ee-ff (hardware type 01, then the address)
+        ("MAC", re.compile(rf"(?<![{_HEX}:-])[{_HEX}]{{2}}(?:-[{_HEX}]{{2}}){{5,6}}(?![{_HEX}:-])")),
+        ("UUID", re.compile(rf"(?<![{_HEX}])[{_HEX}]{{8}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{12}}"
+                            rf"(?![{_HEX}])")),
+        # /etc/machine-id and the like: 32 hex digits on their own
+        ("MACHINE-ID", re.compile(rf"(?<![{_HEX}])[0-9a-f]{{32}}(?![{_HEX}])")),
         ("IP", re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\w.])")),
         # IPv6: the full form, or a compressed one with a group on each side of '::' (not '0::/'
         # of /proc/self/cgroup)
@@ -54,36 +87,42 @@ class Redactor:
         ("HOST", re.compile(r"(?m)^Linux (\S+) \d\S* #")),                        # uname -a
     ]
     KEEP = {"127.0.0.1", "0.0.0.0", "::", "::1", "255.255.255.255", "root", "00000000-0000-0000-0000-000000000000",
-            "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:00"}
+            "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:00", "ff-ff-ff-ff-ff-ff", "00-00-00-00-00-00", "0" * 32}
     # where a host name lives; a short plain word (a host called 'vm' or 'gpu') is replaced only
     # there, so that '/proc/zoneinfo: vm stats threshold' is not mangled
     HOST_FILES = ("manifest.json", "result.json", "commands/uname.txt", "commands/dmesg.txt",
                   "root/proc/sys/kernel/hostname", "(directory name)", "redactions.json")
+    # what may stand just before a value for it to be replaced: 'pod' glues onto a pod UID
+    _BEFORE = {"POD": r"(?:(?<=pod)|(?<![A-Za-z0-9]))"}
 
     def __init__(self, hostnames: list[str] = ()):
-        self.tokens: dict[tuple[str, str], str] = {}
+        self.tokens: dict[str, str] = {}      # value -> token
+        self.kinds: dict[str, str] = {}       # token -> kind
         self.counts: dict[str, int] = {}
         self.where: dict[str, set[str]] = {}
         for h in hostnames:
             if h and len(h) >= 2:
                 self._token("HOST", h)
 
-    def _token(self, kind: str, value: str) -> str:
-        key = (kind, value)
-        if key not in self.tokens:
-            n = sum(1 for k in self.tokens if k[0] == kind) + 1
-            self.tokens[key] = f"REDACTED-{kind}-{n}"
-        return self.tokens[key]
+    def _token(self, kind: str, value: str, aliases: tuple[str, ...] = ()) -> str:
+        token = next((self.tokens[v] for v in (value, *aliases) if v in self.tokens), None)
+        if token is None:
+            n = sum(1 for k in self.kinds.values() if k == kind) + 1
+            token = f"REDACTED-{kind}-{n}"
+            self.kinds[token] = kind
+        for v in (value, *aliases):
+            self.tokens.setdefault(v, token)
+        return token
 
     def learn(self, text: str) -> None:
-        for kind, rx in self.PATTERNS:
+        for kind, rx in self.LABELLED + self.PATTERNS:
             for m in rx.finditer(text):
-                if m.group(0) not in self.KEEP and not _looks_like_version(m.group(0)):
-                    self._token(kind, m.group(0))
-        for kind, rx in self.LABELLED:
-            for m in rx.finditer(text):
-                value = m.group(1)
-                if value not in self.KEEP and len(value) >= 2:
+                value = m.group(1) if rx.groups else m.group(0)
+                if value in self.KEEP or value in self.tokens or len(value) < 2 or _looks_like_version(value):
+                    continue
+                if kind == "POD":  # the same UID spelled with '-' and with '_'
+                    self._token(kind, value, (value.replace("_", "-"), value.replace("-", "_")))
+                else:
                     self._token(kind, value)
 
     @staticmethod
@@ -92,20 +131,32 @@ class Redactor:
 
     def apply(self, text: str, where: str) -> str:
         # longest first, and only as a whole word: host 'vm' must not eat 'vmstat'
-        for (kind, value), token in sorted(self.tokens.items(), key=lambda kv: -len(kv[0][1])):
+        for value, token in sorted(self.tokens.items(), key=lambda kv: -len(kv[0])):
+            kind = self.kinds[token]
             if kind == "HOST" and not self._distinctive(value) and where not in self.HOST_FILES:
                 continue
-            rx = re.compile(r"(?<![A-Za-z0-9])" + re.escape(value) + r"(?![A-Za-z0-9])")
+            before = self._BEFORE.get(kind, r"(?<![A-Za-z0-9])")
+            rx = re.compile(before + re.escape(value) + r"(?![A-Za-z0-9])")
             text, n = rx.subn(token, text)
             if n:
                 self.counts[token] = self.counts.get(token, 0) + n
                 self.where.setdefault(token, set()).add(where)
         return text
 
+    def apply_all(self, value: Any, where: str) -> Any:
+        """Every string inside a JSON value (the manifest's paths, sources, reasons, targets)."""
+        if isinstance(value, str):
+            return self.apply(value, where)
+        if isinstance(value, list):
+            return [self.apply_all(v, where) for v in value]
+        if isinstance(value, dict):
+            return {k: (v if k == "sha256" else self.apply_all(v, where)) for k, v in value.items()}
+        return value
+
     def listing(self) -> list[dict[str, Any]]:
         return [{"token": token, "kind": kind, "occurrences": self.counts.get(token, 0),
-                 "files": sorted(self.where.get(token, ()))} for (kind, _), token in
-                sorted(self.tokens.items(), key=lambda kv: kv[1])]
+                 "files": sorted(self.where.get(token, ()))}
+                for token, kind in sorted(self.kinds.items(), key=lambda kv: (kv[1], int(kv[0].rsplit("-", 1)[1])))]
 
 
 def _looks_like_version(text: str) -> bool:
@@ -114,87 +165,187 @@ def _looks_like_version(text: str) -> bool:
     return text.count(".") == 3 and any(len(p) > 3 for p in text.split("."))
 
 
-def _walk(run_dir: Path) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(run_dir, followlinks=False):
-        for name in dirnames + filenames:
-            full = Path(dirpath) / name
-            rel = str(full.relative_to(run_dir))
-            if full.is_symlink():
-                raise BundleError(f"refusing to bundle: {rel} is a symbolic link (a bundle never follows links)")
-            if not (full.is_dir() or full.is_file()):
-                raise BundleError(f"refusing to bundle: {rel} is not a regular file")
-            if full.is_file():
-                out.append(rel)
-    return sorted(out)
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def make_bundle(run_dir: Path | str, out_file: Path | str | None = None, redact: bool = False) -> dict[str, Any]:
+def last_write(d: Dir, manifest: dict[str, Any]) -> str | None:
+    """When a run last wrote anything (its newest file, files added after it excepted)."""
+    added = {e["path"] for e in manifest["entries"] if e.get("added_after_run")} | {ADDED}
+    times = [st.st_mtime for rel, st in d.walk() if stat.S_ISREG(st.st_mode) and rel not in added]
+    return _iso(max(times)) if times else None
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_bundle(run_dir: Path | str, out_file: Path | str | None = None, redact: bool = False,
+                limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or not (run_dir / "manifest.json").exists():
-        raise BundleError(f"{run_dir} is not a finished run directory (no manifest.json)")
-    if run_dir.is_symlink():
-        raise BundleError(f"refusing to bundle: {run_dir} is a symbolic link")
-    problems = verify_manifest(run_dir)
+    if not os.path.lexists(run_dir):
+        raise BundleMissing(f"{run_dir} does not exist; give a run directory (hostpin-runs/...)")
+    try:
+        d = open_dir(run_dir, limits, follow_last=False)
+    except PathRefused as exc:
+        raise BundleError(f"refusing to bundle: {exc}") from None
+    except OSError as exc:
+        raise BundleError(f"{run_dir} could not be read: {exc.strerror}") from None
+    try:
+        return _make(d, run_dir, out_file, redact)
+    except ManifestError as exc:
+        raise BundleError(f"{run_dir} could not be read: {exc}") from None
+    except PathRefused as exc:
+        raise BundleError(f"refusing to bundle: {exc}") from None
+    finally:
+        d.close()
+
+
+def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
+    manifest = load_manifest(d)
+    partial = not manifest.get("complete", True) or bool(manifest.get("partial"))
+    problems = verify_manifest(d, manifest)
     if problems:
         raise BundleError("the run does not match its manifest, so it cannot be vouched for: " + "; ".join(problems[:10]))
-    manifest = load_manifest(run_dir)
-    listed = {e["path"] for e in manifest["entries"] if not e.get("skipped")}
-    files = _walk(run_dir)
-    unlisted = [f for f in files if f not in listed and f not in _MANIFESTS]
-    if unlisted:
-        raise BundleError("files not in the manifest cannot be verified: " + ", ".join(unlisted[:10])
-                          + " (remove them, or add a report with `hostpin report`, which registers its files)")
-    name = run_dir.name
-    redactor = None
-    contents: dict[str, bytes] = {rel: (run_dir / rel).read_bytes() for rel in files if rel not in _MANIFESTS}
-    if redact:
-        hosts = [manifest.get("host") or ""]
-        hostname_file = run_dir / "root/proc/sys/kernel/hostname"
-        if hostname_file.exists():
-            hosts.append(hostname_file.read_text().strip())
-        redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h])
-        texts = {}
-        for rel, data in contents.items():
-            try:
-                texts[rel] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            redactor.learn(texts[rel])
-        redactor.learn(json.dumps(manifest.get("argv", [])))
-        for rel, text in texts.items():
-            contents[rel] = redactor.apply(text, rel).encode()
-        name = redactor.apply(name, "(directory name)")
-        entries = []
-        by_path = {e["path"]: e for e in manifest["entries"]}
-        for rel, data in sorted(contents.items()):
-            e = dict(by_path.get(rel, {"path": rel, "kind": "file"}))
-            e.update(size=len(data), sha256=hashlib.sha256(data).hexdigest(), redacted=rel in texts)
-            if e.get("source"):
-                e["source"] = redactor.apply(e["source"], "manifest.json")
+    for rel, st in d.walk():
+        if stat.S_ISLNK(st.st_mode):
+            raise BundleError(f"refusing to bundle: {rel} is a symbolic link (a bundle never follows links)")
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise BundleError(f"refusing to bundle: {rel} is not a regular file")
+    on_disk = {rel for rel, st in d.walk() if stat.S_ISREG(st.st_mode)}
+    unlisted = [rel for rel, _ in unrecorded_files(d, manifest)]
+    if unlisted and not partial:
+        raise BundleError("files not in the manifest cannot be vouched for: " + ", ".join(unlisted[:10])
+                          + " (a finished run records every file hostpin writes, so these were put there later; "
+                          "hostpin report registers its own)")
+    latest: dict[str, dict] = {}
+    for e in manifest["entries"]:
+        latest[e["path"]] = e
+    contents: dict[str, bytes] = {}
+    entries: list[dict[str, Any]] = []
+    for rel, e in latest.items():
+        if e.get("skipped") or e.get("kind") == "dir":
             entries.append(e)
-        entries += [e for e in manifest["entries"] if e.get("skipped")]
-        new_manifest = dict(manifest, entries=entries, redacted=True,
-                            host=redactor.apply(manifest.get("host") or "", "manifest.json"),
-                            argv=[redactor.apply(a, "manifest.json") for a in manifest.get("argv", [])])
+            continue
+        if rel not in on_disk:
+            continue
+        data = d.read_bytes(rel)
+        if not e.get("open") and (len(data) != e["size"] or _sha(data) != e["sha256"]):
+            raise BundleError(f"{rel} changed while it was being bundled; try again")
+        contents[rel] = data
+        if e.get("open"):  # a stream the killed run was still appending to
+            e = dict(e, size=len(data), sha256=_sha(data), open=False, recorded=False,
+                     reason="the run was killed while writing it: size and sha256 taken when bundled")
+        entries.append(e)
+    for rel in unlisted:  # partial only
+        data = d.read_bytes(rel)
+        contents[rel] = data
+        entries.append({"path": rel, "kind": "unrecorded", "size": len(data), "sha256": _sha(data), "skipped": False,
+                        "recorded": False, "reason": "written by the run, which was killed before it recorded it; "
+                                                     "size and sha256 taken when bundled"})
+    name = run_dir.resolve().name if run_dir.name in ("", ".", "..") else run_dir.name
+    extra: dict[str, Any] = {}
+    if partial:
+        extra = {"complete": False, "partial": True, "killed_at": manifest.get("killed_at") or last_write(d, manifest),
+                 "unrecorded": sorted(unlisted + [e["path"] for e in entries if e.get("recorded") is False
+                                                  and e["path"] not in unlisted]),
+                 "bundled": _iso(time.time())}
+    redactor = None
+    if redact:
+        redactor, name, contents, entries, manifest = _redact(d, name, manifest, contents, entries)
+        new_manifest = dict(manifest, **redactor.apply_all(extra, "manifest.json"), entries=entries, redacted=True)
+        new_manifest.pop("journal_cut", None)
         contents["redactions.json"] = (json.dumps({"note": "each token stands for one original value, the same "
                                                    "value everywhere; the originals are not in this bundle",
                                                    "tokens": redactor.listing()}, indent=1) + "\n").encode()
-        new_manifest["entries"].append({"path": "redactions.json", "kind": "redactions", "size": len(contents["redactions.json"]),
-                                        "sha256": hashlib.sha256(contents["redactions.json"]).hexdigest(),
-                                        "skipped": False})
+        new_manifest["entries"].append({"path": "redactions.json", "kind": "redactions",
+                                        "size": len(contents["redactions.json"]),
+                                        "sha256": _sha(contents["redactions.json"]), "skipped": False})
         contents["manifest.json"] = json.dumps(new_manifest, indent=1, sort_keys=True).encode()
+    elif partial:
+        new_manifest = dict(manifest, **extra, entries=entries)
+        new_manifest.pop("journal_cut", None)
+        contents["manifest.json"] = json.dumps(new_manifest, indent=1, sort_keys=True).encode()
+        contents["manifest.jsonl"] = d.read_bytes("manifest.jsonl")  # the journal itself, as it was
     else:
-        for rel in _MANIFESTS:
-            if (run_dir / rel).exists():
-                contents[rel] = (run_dir / rel).read_bytes()
+        for rel in ("manifest.json", "manifest.jsonl", ADDED):
+            if rel in on_disk:
+                contents[rel] = d.read_bytes(rel)
     out = Path(out_file) if out_file else Path(f"{name}.tar.gz")
-    with tarfile.open(out, "w:gz") as tar:
-        for rel, data in sorted(contents.items()):
-            info = tarfile.TarInfo(f"{name}/{rel}")
-            info.size = len(data)
-            info.mtime = int(time.time())
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
+    _write_tar(out, name, contents)
     return {"bundle": str(out), "files": len(contents), "bytes": out.stat().st_size, "verified": True,
+            "partial": partial, "killed_at": extra.get("killed_at"), "unrecorded": extra.get("unrecorded", []),
             "redacted": redact, "redactions": redactor.listing() if redactor else None}
+
+
+def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entries: list[dict]):
+    hosts = [manifest.get("host") or ""]
+    if "root/proc/sys/kernel/hostname" in contents:
+        hosts.append(contents["root/proc/sys/kernel/hostname"].decode("utf-8", "replace").strip())
+    redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h])
+    texts = {}
+    for rel, data in contents.items():
+        try:
+            texts[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        redactor.learn(texts[rel])
+    redactor.learn(json.dumps(manifest, sort_keys=True))
+    redactor.learn(name)
+    out: dict[str, bytes] = {}
+    renamed: dict[str, str] = {}
+    for rel, data in contents.items():
+        new_rel = redactor.apply(rel, "(file name)")
+        renamed[rel] = new_rel
+        out[new_rel] = redactor.apply(texts[rel], rel).encode() if rel in texts else data
+    new_entries = []
+    for e in entries:
+        e2 = redactor.apply_all(e, "manifest.json")
+        e2["path"] = renamed.get(e["path"], e2["path"])
+        if e["path"] in renamed:
+            data = out[renamed[e["path"]]]
+            e2.update(size=len(data), sha256=_sha(data), redacted=e["path"] in texts)
+        new_entries.append(e2)
+    new_name = redactor.apply(name, "(directory name)")
+    top = {k: v for k, v in manifest.items() if k != "entries"}
+    new_manifest = dict(redactor.apply_all(top, "manifest.json"), entries=[])
+    return redactor, new_name, out, new_entries, new_manifest
+
+
+def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> None:
+    """Written next to out under a temporary name, fsynced, renamed over it (0600). Only a
+    regular file (or a link, which the rename replaces) is ever replaced: a device such as
+    /dev/full, a directory or a pipe is refused, never turned into a file."""
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise BundleOutputError(f"cannot write the bundle {out}: it is not a regular file; give a file name, "
+                                "e.g. -o node17.tar.gz")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror} ({parent})") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with tarfile.open(fileobj=fh, mode="w:gz") as tar:
+                now = int(time.time())
+                for rel, data in sorted(contents.items()):
+                    info = tarfile.TarInfo(f"{name}/{rel}")
+                    info.size = len(data)
+                    info.mtime = now
+                    info.mode = 0o600
+                    tar.addfile(info, io.BytesIO(data))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -3,12 +3,19 @@
 Library code returns data; only this module and repro.cli print. Results go to stdout,
 progress and errors to stderr. The console entry point is repro.cli:main, which adds the
 `repro` verbs to this group (diag never imports repro).
+
+Exit codes are one table for every command (diag/exitcodes.py): a path that does not exist
+is a bad command line (2); an input that cannot be read or evaluated, or an output that
+cannot be written, is 3 with one line saying what and why, never a traceback.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -16,7 +23,56 @@ import click
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "out_option", "json_option", "open_run"]
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+           "evaluating", "unexpected", "json_errors"]
+
+
+class InputError(click.ClickException):
+    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
+    exit_code = EXIT_UNEVALUATED
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+def unexpected(exc: BaseException, head: str) -> str:
+    """One line for an error nobody planned for: what, and where in hostpin it happened."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    text = " ".join(f"{head}: {type(exc).__name__}: {exc}{where}".split())
+    return (text[:400] + " ...") if len(text) > 400 else text + "; HOSTPIN_DEBUG=1 shows the traceback"
+
+
+@contextmanager
+def evaluating(what: str):
+    """Anything unexpected while evaluating someone's input is exit 3 with one line (a damaged
+    or unexpected value in a run, a tree, a bundle), not a traceback."""
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("HOSTPIN_DEBUG"):
+            raise
+        raise InputError(unexpected(exc, f"could not evaluate {what}")) from None
+
+
+def json_errors(command: str):
+    """With --json, an error is a JSON object on stdout too (status 'error', exit_code, error)."""
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kw):
+            try:
+                return f(*args, **kw)
+            except click.ClickException as exc:
+                if kw.get("as_json") and not getattr(exc, "json_printed", False):
+                    click.echo(json.dumps({"tool": "hostpin", "command": command, "status": "error",
+                                           "exit_code": exc.exit_code, "error": exc.format_message(),
+                                           "verdict": exc.format_message()}, indent=2))
+                    exc.json_printed = True  # main() must not answer a second time
+                raise
+        return wrapper
+    return deco
 
 
 class SizeType(click.ParamType):
@@ -56,6 +112,16 @@ class RanksType(click.ParamType):
         return n
 
 
+class FiniteRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
+
 SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
 FLEET_AFTER = 6  # compare: more runs than this read as a fleet summary, not one column per run
 
@@ -80,6 +146,19 @@ def out_option(f):
                         help="Parent directory for the run directory (default ./hostpin-runs).")(f)
 
 
+def limits_options(f):
+    f = click.option("--max-files", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Most files a bundle may hold or a run may list (default 20000).")(f)
+    return click.option("--max-size", type=SIZE, default=None, metavar="SIZE",
+                        help="Most bytes read from one run or unpacked from one bundle (default 1GiB; one file "
+                             "at most a quarter of it, at least 256MiB).")(f)
+
+
+def _limits(max_size: int | None, max_files: int | None):
+    from .confined import Limits
+    return Limits.for_total(max_size, max_files)
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON on stdout (also when it fails).")(f)
@@ -91,8 +170,8 @@ def open_run(out: Path | None, command: str, durable: bool = False):
     try:
         return RunDir(path, command, sys.argv, durable=durable)
     except OSError as exc:
-        raise click.ClickException(f"cannot create the run directory {path}: {exc.strerror}; "
-                                   "choose another with --out")
+        raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
+                         "choose another with --out") from None
 
 
 class HostpinGroup(click.Group):
@@ -167,9 +246,9 @@ def cli():
               help="Evaluate a captured tree offline: a snapshot run directory, its bundle (.tar.gz), "
                    "or a directory with proc/ and sys/.")
 @click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
-@click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True,
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
               help="Seconds before a hung CUDA probe is killed.")
-@click.option("--sample", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
               help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
 @click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
               help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
@@ -193,17 +272,19 @@ def cli():
                    "node-problem-detector's exit codes (0 ok, 1 problem, 2 unknown).")
 @json_option
 @out_option
+@limits_options
 @_gate_errors
+@json_errors("preflight")
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
               cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, as_json, out,
-              fmt):
+              fmt, max_size, max_files):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
     --strict); 2: bad command line; 3: the node could not be evaluated (a check crashed, a
-    reading is damaged, or a reading that decides the verdict is not in a captured tree).
-    With --format npd: 0 ok, 1 problem, 2 unknown. The plan and settings can come from a
-    site file (--config).
+    reading is damaged, or a reading that decides the verdict is not in a captured tree), or the
+    run directory or --prometheus file could not be written. With --format npd: 0 ok, 1 problem,
+    2 unknown. The plan and settings can come from a site file (--config).
     """
     from .cgroup import CgroupError
 
@@ -227,40 +308,57 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if table_file is not None and source != "file":
         raise click.BadParameter("--file goes with --source file", param_hint="'--file'")
     opened = None
-    if root is not None and root.is_file():
-        from .runs import RunError, open_run_path
-        try:
-            opened = open_run_path(root)  # a bundle: unpacked to a temporary directory
-        except RunError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--root'") from None
-        root = opened.path
-    if root is not None and not root.is_dir():
-        raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
-                                 param_hint="'--root'")
-    plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
-                readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
-    run = open_run(out, "preflight")
-    cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
+    if root is not None:
+        if not os.path.lexists(root):
+            raise click.BadParameter(f"{str(root)!r} does not exist; use e.g. --root hostpin-runs/RUN",
+                                     param_hint="'--root'")
+        is_run = root.is_dir() and any(os.path.lexists(root / m) for m in ("manifest.json", "manifest.jsonl"))
+        if root.is_file() or is_run:  # a bundle (unpacked to a temporary directory) or a run: read as runs are
+            from .runs import RunError, RunMissing, open_run_path
+            try:
+                opened = open_run_path(root, _limits(max_size, max_files))
+            except RunMissing as exc:
+                raise click.BadParameter(str(exc), param_hint="'--root'") from None
+            except RunError as exc:
+                raise InputError(str(exc)) from None
+            root = opened.path
+        elif not root.is_dir():
+            raise click.BadParameter(f"{str(root)!r} is not a directory; use e.g. --root hostpin-runs/RUN",
+                                     param_hint="'--root'")
     try:
-        result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout, skip=tuple(skip),
-                               sample_s=sample, strict=strict, pid=pid if pid is not None else "self",
-                               cgroup_path=cgroup_path, swap_rate=swap_rate)
-    except CgroupError as exc:
-        run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2, "verdict": str(exc)})
-        raise click.BadParameter(str(exc), param_hint="'--pid'" if pid is not None else "'--cgroup'") from None
+        plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
+                    readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
+        run = open_run(out, "preflight")
+        cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
+        with evaluating(str(root) if root is not None else "this node"):
+            try:
+                result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
+                                       skip=tuple(skip), sample_s=sample, strict=strict,
+                                       pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
+                                       swap_rate=swap_rate)
+            except CgroupError as exc:
+                run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
+                            "verdict": str(exc)})
+                raise click.BadParameter(str(exc), param_hint="'--pid'" if pid is not None else "'--cgroup'") from None
     finally:
         if opened is not None:
             opened.close()
     result.run_dir = str(run.path)
+    prom_error = None
     if prometheus is not None:
+        import stat as _stat
         import time as _time
         from .prometheus import write_textfile
         try:
+            st = os.lstat(prometheus) if os.path.lexists(prometheus) else None
+            if st is not None and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISLNK(st.st_mode)):
+                raise OSError(0, "not a regular file (it is replaced by a rename, so only a file is written)")
             result.prometheus = str(write_textfile(result, prometheus, _time.time()))
         except OSError as exc:
-            result.errors.append(f"prometheus: cannot write {prometheus}: {exc.strerror}")
+            prom_error = f"cannot write {prometheus}: {exc.strerror or exc}"
+            result.errors.append(f"prometheus: {prom_error}")
             result.status, result.exit_code = "error", EXIT_UNEVALUATED
-            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror})"
+            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror or exc})"
     from .config import record_config
     record_config(run, result)
     data = write_result(run, result)
@@ -272,6 +370,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
         click.echo(render_preflight(data))
+    if prom_error:
+        click.echo(f"hostpin: error: {prom_error}", err=True)
     return result.exit_code
 
 
@@ -280,18 +380,23 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
               help="Copy a tree from this directory instead of the live machine.")
 @click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
 @click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
-@click.option("--cuda-timeout", type=click.FloatRange(min=0.5), default=15.0, show_default=True)
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True)
 @json_option
 @out_option
+@json_errors("snapshot")
 def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
     """Capture /proc, /sys, driver and CUDA facts into a run directory, without judging.
 
-    Read it back with `hostpin preflight --root RUN_DIR`; keep it as a test fixture.
+    Read it back with `hostpin preflight --root RUN_DIR`; keep it as a test fixture. A --root
+    tree is copied without following any link in it (a link is recorded as one, with its
+    target). Exit code 0: captured; 2: bad command line; 3: nothing could be captured.
     """
     from .snapshot import take_snapshot
 
     run = open_run(out, "snapshot")
-    result = take_snapshot(run, root or "/", cuda=not no_cuda, cuda_timeout=cuda_timeout, commands=not no_commands)
+    with evaluating(str(root) if root else "this node"):
+        result = take_snapshot(run, root or "/", cuda=not no_cuda, cuda_timeout=cuda_timeout,
+                               commands=not no_commands)
     run.finish(result)
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -304,75 +409,150 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
     return EXIT_OK if result["files"] else EXIT_UNEVALUATED
 
 
-def _open(path: str):
-    from .runs import RunError, open_run_path
+def _open(path: str, limits=None):
+    from .confined import DEFAULT_LIMITS
+    from .runs import RunError, RunMissing, open_run_path
     try:
-        return open_run_path(path)
-    except RunError as exc:
+        return open_run_path(path, limits or DEFAULT_LIMITS)
+    except RunMissing as exc:
         raise click.BadParameter(str(exc), param_hint="RUN") from None
+    except RunError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _owns(path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
+    """A new file next to the -o report (never over an existing one): REPORT.timeline.png, .2, ..."""
+    for n in range(1, 1000):
+        target = output.with_name(f"{output.stem}{'' if n == 1 else f'.{n}'}.{suffix}")
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return target
+    raise FileExistsError(f"{output.parent}: too many {suffix} files already")
+
+
+def _timeline_png(samples: list[dict], title: str) -> bytes:
+    """The picture's bytes, drawn in a private temporary directory (never where the run is)."""
+    import tempfile
+    from .plot import timeline_png
+    with tempfile.TemporaryDirectory(prefix="hostpin-plot-") as tmp:
+        target = Path(tmp) / "timeline.png"
+        timeline_png(samples, target, title=title)
+        return target.read_bytes()
 
 
 @cli.command()
 @click.argument("run_path", metavar="RUN")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "text"]), default="markdown", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the report here (default: stdout; report.md is also kept in a run directory).")
+              help="Write the report here (default: stdout). A run directory of yours also keeps report.md "
+                   "(and timeline.png); a bundle's picture is kept only next to -o FILE.")
 @click.option("--no-picture", is_flag=True, help="Do not draw the timeline picture of a pin run.")
-def report(run_path, fmt, output, no_picture):
+@limits_options
+def report(run_path, fmt, output, no_picture, max_size, max_files):
     """Render a run (a directory or a bundle) for a bug report: verdict first, facts, tables,
     the key kernel stack, raw evidence in collapsed sections; a pin run also gets timeline.png
-    (with matplotlib: pip install 'hostpin[plot]')."""
-    from .evidence import register_file
-    from .plot import PlotUnavailable, timeline_png
+    (with matplotlib: pip install 'hostpin[plot]').
+
+    Nothing in the run is rewritten: report.md and timeline.png are added as new files with
+    their entries in manifest.added.jsonl (a different report goes to report.2.md). Exit code
+    0: rendered; 2: RUN does not exist; 3: RUN could not be read, or -o not written.
+    """
+    from .evidence import add_after_run
+    from .plot import PlotUnavailable
     from .report import render_report
 
-    run = _open(run_path)
+    run = _open(run_path, _limits(max_size, max_files))
     try:
+        keep_in_run = not run.from_bundle and _owns(run.path)
         picture = None
-        writable_run = run._tmp is None and os.access(run.path, os.W_OK)
-        if run.command == "repro register" and not no_picture:
-            samples = run.read_jsonl("timeline.jsonl")
-            target = (run.path / "timeline.png") if writable_run else (output.parent if output else Path(".")) / "timeline.png"
-            try:
-                timeline_png(samples, target, title=run.result.get("verdict") or "")
-                picture = "timeline.png"
-                if writable_run:
-                    register_file(run.path, "timeline.png", "picture")
-            except PlotUnavailable as exc:
-                click.echo(f"hostpin: note: {exc}", err=True)
-        text = render_report(run, fmt=fmt, picture=picture)
+        with evaluating(run_path):
+            if run.command == "repro register" and not no_picture:
+                png = None
+                try:
+                    png = _timeline_png(run.read_jsonl("timeline.jsonl"), str(run.result.get("verdict") or ""))
+                except PlotUnavailable as exc:
+                    click.echo(f"hostpin: note: {exc}", err=True)
+                if png and keep_in_run:
+                    try:
+                        picture = add_after_run(run.path, "timeline.png", png, "picture")
+                    except (OSError, ValueError) as exc:
+                        click.echo(f"hostpin: note: timeline.png not kept in the run: {exc}", err=True)
+                elif png and output:
+                    try:
+                        picture = _write_beside(output, "timeline.png", png).name
+                    except OSError as exc:
+                        raise InputError(f"cannot write the picture next to {output}: {exc.strerror or exc}") from None
+                elif png:
+                    click.echo("hostpin: note: the timeline picture of a bundle is kept only next to a report "
+                               "written with -o FILE", err=True)
+            text = render_report(run, fmt=fmt, picture=picture)
         if output:
-            output.write_text(text)
+            try:
+                fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+            except OSError as exc:
+                raise InputError(f"cannot write the report to {output}: {exc.strerror or exc}") from None
             click.echo(f"report: {output}", err=True)
         else:
             click.echo(text)
-        if writable_run and fmt == "markdown":
-            (run.path / "report.md").write_text(text)
-            register_file(run.path, "report.md", "report")
+        if keep_in_run and fmt == "markdown":
+            try:
+                add_after_run(run.path, "report.md", text.encode(), "report")
+            except (OSError, ValueError) as exc:
+                click.echo(f"hostpin: note: report.md not kept in the run: {exc}", err=True)
     finally:
         run.close()
     return EXIT_OK
 
 
 @cli.command()
-@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The .tar.gz to write (default: RUN_DIR's name + .tar.gz here).")
-@click.option("--redact", is_flag=True, help="Replace host names, IP/MAC addresses, user names, serials and UUIDs "
-                                             "with tokens (listed in redactions.json in the bundle).")
+@click.option("--redact", is_flag=True, help="Replace host names, IP/MAC addresses, user names, serials, UUIDs, "
+                                             "Kubernetes pod UIDs, container and machine IDs with tokens (listed "
+                                             "in redactions.json in the bundle).")
 @json_option
-def bundle(run_dir, output, redact, as_json):
-    """Pack a run into one verified .tar.gz to attach (every sha256 checked first, no links followed)."""
-    from .bundle import BundleError, make_bundle
-    try:
-        result = make_bundle(run_dir, output, redact=redact)
-    except BundleError as exc:
-        raise click.ClickException(str(exc))
+@limits_options
+@json_errors("bundle")
+def bundle(run_dir, output, redact, as_json, max_size, max_files):
+    """Pack a run into one verified .tar.gz to attach (every sha256 checked first, no links followed).
+
+    A run killed before it finished is packed as partial: the files its journal lists are
+    verified, the ones it did not get to record are kept and marked. Exit code 0: packed;
+    2: RUN_DIR does not exist; 3: it could not be read or vouched for, or the bundle not written.
+    """
+    from .bundle import BundleError, BundleMissing, make_bundle
+    with evaluating(str(run_dir)):
+        try:
+            result = make_bundle(run_dir, output, redact=redact, limits=_limits(max_size, max_files))
+        except BundleMissing as exc:
+            raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
+        except BundleError as exc:
+            raise InputError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
+        partial = (f"; PARTIAL run (killed at {result['killed_at']}): "
+                   + (f"{len(result['unrecorded'])} files it did not get to record are kept and marked "
+                      f"({', '.join(result['unrecorded'][:4])})" if result["unrecorded"] else "its journal verified")
+                   if result["partial"] else "")
         click.echo(f"bundle: {result['bundle']} ({result['files']} files, {result['bytes']:,} bytes, every file "
-                   f"verified against the manifest{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
+                   f"verified against the manifest{partial}"
+                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
     return EXIT_OK
 
 
@@ -382,7 +562,9 @@ def bundle(run_dir, output, redact, as_json):
 @click.option("--columns", is_flag=True, help=f"One column per run even past {FLEET_AFTER} runs (default: "
                                               "a fleet summary there).")
 @json_option
-def compare(runs, fmt, columns, as_json):
+@limits_options
+@json_errors("compare")
+def compare(runs, fmt, columns, as_json, max_size, max_files):
     """Runs or nodes side by side: what differs first (verdicts, kernel, driver, THP, swap and
     swap-in rate, free order-9 memory, headroom, pin times and rates), equal facts folded.
 
@@ -390,6 +572,8 @@ def compare(runs, fmt, columns, as_json):
     them, each figure that differs with its min / median / max and the nodes that stand out,
     and groups of nodes sharing kernel, driver and THP settings. A directory that holds run
     directories (hostpin-runs/, or one per node as srun --out gives) stands for all of them.
+
+    Exit code 0: compared; 2: fewer than two runs, or one does not exist; 3: one could not be read.
     """
     from .compare import comparison_rows, render_compare
     from .fleet import fleet_summary, render_fleet
@@ -397,18 +581,22 @@ def compare(runs, fmt, columns, as_json):
     if len(paths) < 2:
         raise click.BadParameter("give at least two runs, e.g. hostpin compare hostpin-runs/A hostpin-runs/B",
                                  param_hint="RUN")
+    limits = _limits(max_size, max_files)
     opened = []
     try:
         for path in paths:
-            opened.append(_open(path))
-        if len(opened) > FLEET_AFTER and not columns:
-            summary = fleet_summary(opened)
-            click.echo(json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt))
-        elif as_json:
-            differ, equal = comparison_rows(opened)
-            click.echo(json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2))
-        else:
-            click.echo(render_compare(opened, fmt=fmt))
+            opened.append(_open(path, limits))
+        with evaluating(", ".join(runs)):
+            if len(opened) > FLEET_AFTER and not columns:
+                summary = fleet_summary(opened)
+                text = json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt)
+            elif as_json:
+                differ, equal = comparison_rows(opened)
+                text = json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2,
+                                  default=str)
+            else:
+                text = render_compare(opened, fmt=fmt)
+        click.echo(text)
     finally:
         for r in opened:
             r.close()

@@ -2,8 +2,10 @@
 
 Layout of a run directory::
 
-    manifest.jsonl   journal, one JSON line per item, appended and flushed as it happens
+    manifest.jsonl   journal: a first line naming the run, then one JSON line per item,
+                     appended and flushed as it happens
     manifest.json    the whole manifest, written atomically when the run finishes
+    manifest.added.jsonl  files added to the finished run later (a report, its picture)
     root/...         raw files read, in the same layout as / (root/proc/meminfo, root/sys/...)
     commands/...     output of commands run (stdout, stderr) with return code and duration
     probes/...       output of probes (the CUDA probe's JSON)
@@ -11,7 +13,13 @@ Layout of a run directory::
 
 Every item gets a manifest entry whatever happened to it: path, size, sha256, started,
 duration, return code, timed out, truncated, or a skip with its reason. A run that is
-killed keeps its journal and every file written up to that moment.
+killed keeps its journal and every file written up to that moment: it reads back as a
+partial run.
+
+Nothing here follows a link: the run directory is created 0700 and opened once, every file
+in it is created 0600 with O_EXCL|O_NOFOLLOW (a rewrite goes to a new name, renamed over the
+old one), and reading a run goes through diag.confined (paths normalised and kept inside,
+regular files only, bounded). A finished run's files and manifest.json are never rewritten.
 """
 from __future__ import annotations
 
@@ -19,15 +27,30 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RunDir", "new_run_dir", "MAX_FILE_BYTES", "load_manifest", "verify_manifest", "register_file"]
+from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, normalize, open_dir
+
+__all__ = ["RunDir", "new_run_dir", "MAX_FILE_BYTES", "load_manifest", "verify_manifest", "add_after_run",
+           "ManifestError", "MANIFEST_FILES", "ADDED", "unrecorded_files", "command_of"]
 
 MAX_FILE_BYTES = 8 << 20  # a /proc or /sys file larger than this is cut and marked truncated
+ADDED = "manifest.added.jsonl"
+MANIFEST_FILES = ("manifest.json", "manifest.jsonl", ADDED)
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+# run directory names say which command made them: 20261130-123610-repro-register-vm
+_COMMANDS = {"repro-register": "repro register", "repro-staging": "repro staging", "preflight": "preflight",
+             "snapshot": "snapshot"}
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read or trusted; the message names the file, the entry and why."""
 
 
 def _now_iso() -> str:
@@ -45,15 +68,8 @@ def _entry(path: str, kind: str, data: bytes | None = None, **fields: Any) -> di
     return entry
 
 
-def _write_manifest(run_dir: Path, manifest: dict[str, Any]) -> Path:
-    """manifest.json written next to itself, fsynced and renamed over the old one."""
-    tmp = run_dir / "manifest.json.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, run_dir / "manifest.json")
-    return run_dir / "manifest.json"
+def _dumps(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(manifest, indent=1, sort_keys=True).encode()
 
 
 def new_run_dir(base: Path | str | None, command: str) -> Path:
@@ -64,10 +80,21 @@ def new_run_dir(base: Path | str | None, command: str) -> Path:
     name = f"{stamp}-{command}-{host}"
     path = base / name
     n = 1
-    while path.exists():
+    while os.path.lexists(path):
         n += 1
         path = base / f"{name}.{n}"
     return path
+
+
+def command_of(raw: str | None, dir_name: str = "") -> str | None:
+    """The command as people type it ('repro register') from a manifest's 'repro-register', or
+    from the run directory's name when the manifest does not say (an old journal)."""
+    if raw:
+        return _COMMANDS.get(raw, raw)
+    for key, command in _COMMANDS.items():
+        if re.search(rf"^\d{{8}}-\d{{6}}-{key}-", dir_name):
+            return command
+    return None
 
 
 class RunDir:
@@ -75,35 +102,50 @@ class RunDir:
 
     def __init__(self, path: Path | str, command: str, argv: Iterable[str] = (), durable: bool = False):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=False)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(self.path, 0o700)  # FileExistsError when it is there already (or a link is)
+        self._dir = open_dir(self.path, follow_last=False)
+        st = os.fstat(self._dir.fd)
+        if st.st_uid != os.geteuid():
+            self._dir.close()
+            raise PermissionError(f"{self.path} was replaced by a directory of uid {st.st_uid}")
+        os.fchmod(self._dir.fd, 0o700)
         self.command = command
         self.argv = list(argv)
         self.durable = durable  # fsync every journal line (the watchdog wants this)
         self.started = _now_iso()
+        self.pid = os.getpid()
         self.entries: list[dict[str, Any]] = []
-        self._journal = open(self.path / "manifest.jsonl", "a", encoding="utf-8")
+        self._written: set[str] = set()
+        self._journal = os.fdopen(self._dir.open_new("manifest.jsonl"), "a", encoding="utf-8")
         self._finished = False
+        self._line({"run": {"tool": "hostpin", "command": command, "argv": self.argv, "host": socket.gethostname(),
+                            "pid": self.pid, "started": self.started}})
 
-    # -- journal ---------------------------------------------------------------
-    def _record(self, entry: dict[str, Any]) -> dict[str, Any]:
-        self.entries.append(entry)
-        self._journal.write(json.dumps(entry, sort_keys=True) + "\n")
+    # -- journal ---------------------------------------------------------------------------
+    def _line(self, obj: dict[str, Any]) -> None:
+        self._journal.write(json.dumps(obj, sort_keys=True) + "\n")
         self._journal.flush()
         if self.durable:
             os.fsync(self._journal.fileno())
+
+    def _record(self, entry: dict[str, Any]) -> dict[str, Any]:
+        self.entries.append(entry)
+        self._line(entry)
         return entry
 
     def _write(self, rel: str, data: bytes) -> Path:
-        target = self.path / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            if self.durable:
-                os.fsync(fh.fileno())
-        return target
+        rel = normalize(rel)
+        if rel in MANIFEST_FILES:
+            raise PathRefused(f"{rel} is the run's own manifest")
+        if rel in self._written:  # written before by this run: a new file renamed over it
+            self._dir.replace(rel, data, durable=self.durable)
+        else:
+            self._dir.write_new(rel, data, durable=self.durable)
+            self._written.add(rel)
+        return self.path / rel
 
-    # -- items -----------------------------------------------------------------
+    # -- items -----------------------------------------------------------------------------
     def add_file(self, rel: str, data: bytes, *, kind: str = "file", source: str | None = None,
                  started: str | None = None, duration_s: float = 0.0, truncated: bool = False,
                  **extra: Any) -> dict[str, Any]:
@@ -117,19 +159,28 @@ class RunDir:
 
     def adopt(self, rel: str, kind: str = "file", **extra: Any) -> dict[str, Any]:
         """A file something else wrote into the run (a child's log): give it its manifest entry."""
-        path = self.path / rel
-        if not path.is_file():
+        try:
+            size, sha = Dir(self.path, self._dir.fd, Limits(total_bytes=1 << 62, file_bytes=1 << 62)).hash_file(rel)
+        except FileNotFoundError:
             return self.add_skip(rel, "never written", kind=kind, **extra)
-        return self._record(_entry(rel, kind, path.read_bytes(), **extra))
+        except (OSError, PathRefused) as exc:
+            return self.add_skip(rel, f"not adopted: {exc}", kind=kind, **extra)
+        self._written.add(normalize(rel))
+        return self._record(_entry(rel, kind, size=size, sha256=sha, **extra))
 
     def add_dir(self, rel: str, **extra: Any) -> dict[str, Any]:
         """An empty directory that exists on the node (its absence would mean something else)."""
-        (self.path / rel).mkdir(parents=True, exist_ok=True)
+        self._dir.makedirs(rel)
         return self._record(_entry(rel, "dir", **extra))
 
     def add_json(self, rel: str, obj: Any, *, kind: str = "result", **extra: Any) -> dict[str, Any]:
         data = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
         return self.add_file(rel, data, kind=kind, **extra)
+
+    def create_file(self, rel: str):
+        """A binary file object for a file created now inside the run (O_EXCL, no links), for
+        output written by someone else (a child's log); give it its entry with adopt()."""
+        return os.fdopen(self._dir.open_new(rel), "wb")
 
     def run_command(self, name: str, argv: list[str], timeout: float = 10.0,
                     max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
@@ -160,37 +211,39 @@ class RunDir:
         """An append-only file flushed (and fsynced when durable) on every write."""
         return Stream(self, rel)
 
-    # -- end -------------------------------------------------------------------
+    # -- end -------------------------------------------------------------------------------
     def finish(self, result: Any = None) -> Path:
         if self._finished:
             return self.path / "manifest.json"
         if result is not None:
             self.add_json("result.json", result)
         manifest = {
-            "tool": "hostpin", "command": self.command, "argv": self.argv,
+            "tool": "hostpin", "command": self.command, "argv": self.argv, "pid": self.pid,
             "host": socket.gethostname(), "started": self.started, "finished": _now_iso(),
             "complete": True,
             "entries": self.entries,
         }
-        _write_manifest(self.path, manifest)
+        self._dir.replace("manifest.json", _dumps(manifest), durable=True)
         self._journal.close()
+        self._dir.close()
         self._finished = True
         return self.path / "manifest.json"
 
 
 class Stream:
-    """A growing evidence file (a timeline); its manifest entry is written when it closes."""
+    """A growing evidence file (a timeline); its manifest entry is written when it closes. The
+    journal says at once that it is open, so a run killed meanwhile still accounts for it."""
 
     def __init__(self, run: RunDir, rel: str):
-        self.run, self.rel = run, rel
-        target = run.path / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(target, "ab")
+        self.run, self.rel = run, normalize(rel)
+        self._fh = os.fdopen(run._dir.open_new(self.rel), "ab")
+        run._written.add(self.rel)
         self._hash = hashlib.sha256()
         self._size = 0
         self._started = _now_iso()
         self._t0 = time.monotonic()
         self.closed = False
+        run._line(_entry(self.rel, "stream", started=self._started, open=True))
 
     def write(self, data: bytes | str) -> None:
         if isinstance(data, str):
@@ -211,51 +264,203 @@ class Stream:
                                 duration_s=round(time.monotonic() - self._t0, 6), **extra))
 
 
-def load_manifest(run_dir: Path | str) -> dict[str, Any]:
-    """manifest.json, or the journal of a run that did not finish (complete: false)."""
-    run_dir = Path(run_dir)
-    full = run_dir / "manifest.json"
-    if full.exists():
-        return json.loads(full.read_text())
-    entries = []
-    journal = run_dir / "manifest.jsonl"
-    if journal.exists():
-        for line in journal.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:  # the last line of a killed run may be cut
+# -- reading a run back -------------------------------------------------------------------------
+_OPTIONAL_STR = ("source", "reason", "started", "target")
+_BOOLS = ("skipped", "truncated", "timed_out", "open", "added_after_run", "redacted", "recorded")
+
+
+def _check_entry(e: Any, where: str) -> dict[str, Any]:
+    """One manifest entry, typed as readers use it; ManifestError names what is wrong."""
+    if not isinstance(e, dict):
+        raise ManifestError(f"{where} is not an object")
+    try:
+        path = normalize(e.get("path"))
+    except PathRefused as exc:
+        raise ManifestError(f"{where}: path {exc}") from None
+    kind = e.get("kind", "file")
+    if not isinstance(kind, str):
+        raise ManifestError(f"{where} ({path}): kind is not a string")
+    for key in _OPTIONAL_STR:
+        if e.get(key) is not None and not isinstance(e[key], str):
+            raise ManifestError(f"{where} ({path}): {key} is not a string")
+    for key in _BOOLS:
+        if key in e and not isinstance(e[key], bool):
+            raise ManifestError(f"{where} ({path}): {key} is not true or false")
+    size = e.get("size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ManifestError(f"{where} ({path}): size is not a whole number of bytes")
+    sha = e.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and _SHA.match(sha)):
+        raise ManifestError(f"{where} ({path}): sha256 is not a sha256")
+    needs_hash = not e.get("skipped") and not e.get("open") and kind != "dir"
+    if needs_hash and sha is None:
+        raise ManifestError(f"{where} ({path}): a file entry without a sha256")
+    return dict(e, path=path, kind=kind, size=size)
+
+
+def _read_lines(d: Dir, rel: str, what: str) -> tuple[list[Any], bool]:
+    """JSON lines of a journal; a cut last line (a killed writer) is dropped and reported."""
+    text = d.read_text(rel)
+    lines = text.split("\n")
+    out, cut = [], False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except (ValueError, RecursionError):
+            if all(not x.strip() for x in lines[i + 1:]):
+                cut = True
                 break
-    return {"complete": False, "entries": entries}
+            raise ManifestError(f"{what} line {i + 1} is damaged (not JSON) and more follows it") from None
+    return out, cut
 
 
-def verify_manifest(run_dir: Path | str) -> list[str]:
-    """Problems found: files whose size or sha256 differ from the manifest, or that are missing."""
-    run_dir = Path(run_dir)
-    problems = []
+_HEADER_STR = ("tool", "command", "host", "started", "finished", "killed_at")
+
+
+def _check_header(m: dict[str, Any], what: str) -> None:
+    for key in _HEADER_STR:
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise ManifestError(f"{what}: {key} is not a string")
+    argv = m.get("argv", [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ManifestError(f"{what}: argv is not a list of strings")
+    for key in ("complete", "partial", "redacted"):
+        if key in m and not isinstance(m[key], bool):
+            raise ManifestError(f"{what}: {key} is not true or false")
+    pid = m.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
+        raise ManifestError(f"{what}: pid is not a number")
+
+
+def _load(d: Dir, name: str) -> dict[str, Any]:
+    if d.lstat("manifest.json") is not None:
+        try:
+            manifest = json.loads(d.read_bytes("manifest.json"))
+        except (ValueError, RecursionError) as exc:
+            raise ManifestError(f"manifest.json is not valid JSON ({exc})") from None
+        if not isinstance(manifest, dict):
+            raise ManifestError("manifest.json is not a JSON object")
+        entries = manifest.get("entries")
+        if not isinstance(entries, list):
+            raise ManifestError("manifest.json has no list of entries")
+        _check_header(manifest, "manifest.json")
+        manifest = dict(manifest, argv=manifest.get("argv", []),
+                        entries=[_check_entry(e, f"manifest.json entry {i + 1}") for i, e in enumerate(entries)])
+        manifest.setdefault("complete", True)
+    elif d.lstat("manifest.jsonl") is not None:
+        lines, cut = _read_lines(d, "manifest.jsonl", "manifest.jsonl")
+        header: dict[str, Any] = {}
+        entries = []
+        for i, line in enumerate(lines):
+            if isinstance(line, dict) and "run" in line and "path" not in line:
+                if not isinstance(line["run"], dict):
+                    raise ManifestError(f"manifest.jsonl line {i + 1}: the run header is not an object")
+                header = line["run"]
+                _check_header(header, "manifest.jsonl header")
+                continue
+            entries.append(_check_entry(line, f"manifest.jsonl line {i + 1}"))
+        manifest = {"tool": "hostpin", "command": header.get("command"), "argv": header.get("argv", []),
+                    "host": header.get("host"), "pid": header.get("pid"), "started": header.get("started"),
+                    "finished": None, "complete": False, "partial": True, "journal_cut": cut, "entries": entries}
+        if not manifest["command"]:
+            found = command_of(None, name)
+            manifest["command"] = next((k for k, v in _COMMANDS.items() if v == found), None)
+    else:
+        raise ManifestError("no manifest.json or manifest.jsonl: not a hostpin run directory")
+    if d.lstat(ADDED) is not None:
+        added, _cut = _read_lines(d, ADDED, ADDED)
+        manifest["entries"] = manifest["entries"] + [
+            dict(_check_entry(e, f"{ADDED} line {i + 1}"), added_after_run=True) for i, e in enumerate(added)]
+    if len(manifest["entries"]) > 2 * d.limits.files:  # each file has an entry, a few also a skip or a reopen
+        raise ManifestError(f"{len(manifest['entries']):,} entries, more than a run of {d.limits.files:,} files "
+                            "can have (--max-files raises the limit)")
+    return manifest
+
+
+def load_manifest(run_dir: Path | str | Dir, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """manifest.json (plus files added after the run), or the journal of a run that did not
+    finish (complete: false, partial: true). ManifestError when it cannot be read or trusted."""
+    if isinstance(run_dir, Dir):
+        return _load(run_dir, run_dir.path.name)
+    try:
+        with open_dir(run_dir, limits) as d:
+            return _load(d, Path(run_dir).name)
+    except (OSError, PathRefused) as exc:
+        raise ManifestError(f"cannot read the manifest of {run_dir}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _latest(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     latest: dict[str, dict] = {}
-    for entry in load_manifest(run_dir)["entries"]:
+    for entry in entries:
         latest[entry["path"]] = entry  # a path written twice: the last write is what is on disk
-    for entry in latest.values():
-        if entry.get("skipped") or entry.get("kind") == "dir":
+    return latest
+
+
+def verify_manifest(run_dir: Path | str | Dir, manifest: dict[str, Any] | None = None,
+                    limits: Limits = DEFAULT_LIMITS) -> list[str]:
+    """Problems found: files whose size or sha256 differ from the manifest, that are missing,
+    or that are links or not regular files (never followed, never read)."""
+    if not isinstance(run_dir, Dir):
+        with open_dir(run_dir, limits) as d:
+            return verify_manifest(d, manifest)
+    d = run_dir
+    manifest = manifest if manifest is not None else load_manifest(d)
+    problems = []
+    for entry in _latest(manifest["entries"]).values():
+        if entry.get("skipped") or entry.get("kind") == "dir" or entry.get("open"):
             continue
-        path = run_dir / entry["path"]
-        if not path.is_file():
-            problems.append(f"{entry['path']}: missing")
+        path = entry["path"]
+        try:
+            size, sha = d.hash_file(path)
+        except FileNotFoundError:
+            problems.append(f"{path}: missing")
             continue
-        data = path.read_bytes()
-        if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            problems.append(f"{entry['path']}: content differs from the manifest")
+        except PathRefused as exc:
+            problems.append(f"{path}: {exc}" if not str(exc).startswith(path) else str(exc))
+            continue
+        except OSError as exc:
+            problems.append(f"{path}: unreadable ({exc.strerror})")
+            continue
+        if size != entry["size"] or sha != entry["sha256"]:
+            problems.append(f"{path}: content differs from the manifest")
     return problems
 
 
-def register_file(run_dir: Path | str, rel: str, kind: str) -> dict[str, Any]:
-    """Add a file written into a finished run (a report, its picture) to the run's manifest,
-    replacing an older entry for the same path, so that the manifest still covers everything."""
-    run_dir = Path(run_dir)
-    entry = _entry(rel, kind, (run_dir / rel).read_bytes(), added_after_run=True)
-    manifest = load_manifest(run_dir)
-    manifest["entries"] = [e for e in manifest["entries"] if e.get("path") != rel] + [entry]
-    _write_manifest(run_dir, manifest)
-    with open(run_dir / "manifest.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, sort_keys=True) + "\n")
-    return entry
+def unrecorded_files(d: Dir, manifest: dict[str, Any]) -> list[tuple[str, os.stat_result]]:
+    """Everything in the run that no entry accounts for (rel, lstat), the manifests excepted."""
+    listed = {e["path"] for e in manifest["entries"] if not e.get("skipped")}
+    out = []
+    for rel, st in d.walk():
+        if rel in MANIFEST_FILES or rel in listed or stat.S_ISDIR(st.st_mode):
+            continue
+        out.append((rel, st))
+    return out
+
+
+def add_after_run(run_dir: Path | str, rel: str, data: bytes, kind: str) -> str:
+    """Add a file to a finished (or killed) run, with its entry in manifest.added.jsonl. Never
+    rewrites anything: the same bytes already there are kept as they are, different bytes go
+    to a new name (report.2.md). Returns the path used inside the run."""
+    rel = normalize(rel)
+    stem, dot, ext = rel.rpartition(".")
+    with open_dir(run_dir, follow_last=False) as d:
+        n = 1
+        while True:
+            candidate = rel if n == 1 else f"{stem}.{n}.{ext}" if dot else f"{rel}.{n}"
+            st = d.lstat(candidate)
+            if st is None:
+                d.write_new(candidate, data)
+                break
+            if stat.S_ISREG(st.st_mode) and d.hash_file(candidate) == (len(data), hashlib.sha256(data).hexdigest()):
+                if any(e["path"] == candidate for e in load_manifest(d)["entries"]):
+                    return candidate  # already there and accounted for
+            n += 1
+            if n > 1000:
+                raise PathRefused(f"{rel}: a thousand versions exist already; not adding another")
+        entry = _entry(candidate, kind, data, added_after_run=True)
+        fd = d.open_new(ADDED, append=True)
+        with os.fdopen(fd, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+    return candidate

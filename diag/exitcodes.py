@@ -1,8 +1,33 @@
-"""Exit codes of every hostpin command, named in one place."""
+"""Exit codes of every hostpin command, named in one place.
+
+One table for every command (preflight, snapshot, report, bundle, compare, repro register,
+repro staging, repro cleanup); the README's exit-code table is this one:
+
+====  ==========================================================================================
+code  meaning
+====  ==========================================================================================
+0     done: nothing failed (preflight warnings allowed unless --strict; a pin completed or was
+      slow; a report, bundle, comparison or cleanup made)
+1     a check failed (preflight; --strict: a warning), or a reproduction failed, stalled, was
+      killed at its deadline or is unkillable. Never for anything else.
+2     bad command line: a one-line error names the value (a size that is not one, a path that
+      does not exist, options that contradict each other)
+3     could not read or evaluate the input, or could not write the output: an unreadable or
+      damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
+      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
+      written, a leftover that `repro cleanup` could not remove. One line names what and why.
+4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
+      (`hostpin repro cleanup`, or --ignore-leftovers)
+130   interrupted (Ctrl-C or SIGTERM), everything set up removed
+====  ==========================================================================================
+
+No input prints a traceback; HOSTPIN_DEBUG=1 shows one for an unexpected internal error
+(which otherwise exits 3 naming where it happened).
+"""
 
 EXIT_OK = 0            # nothing failed (warnings allowed unless --strict)
 EXIT_FAIL = 1          # a check failed, or a reproduction ended in failure/stall/kill
 EXIT_USAGE = 2         # bad command line: a one-line error names the value
-EXIT_UNEVALUATED = 3   # the node could not be evaluated (unreadable tree, no GPU for a CUDA-only command)
-EXIT_REFUSED = 4       # repro refused for safety (not enough headroom) without --force
+EXIT_UNEVALUATED = 3   # the input could not be read or evaluated, or the output not written
+EXIT_REFUSED = 4       # repro refused for safety (headroom, leftovers) without its override
 EXIT_INTERRUPTED = 130

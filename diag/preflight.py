@@ -5,7 +5,6 @@ reading that decides this plan; otherwise `fail` (exit 1), `warn` or `pass` (exi
 makes a warning exit 1)."""
 from __future__ import annotations
 
-import json
 import platform
 import socket
 import threading
@@ -27,14 +26,23 @@ __all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe", "record_pr
 
 
 def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
-    """(CUDA facts a snapshot kept next to its tree, state): state is ok, not captured or damaged."""
-    for candidate in (root_dir.parent / "probes" / "cuda.json", root_dir / "probes" / "cuda.json"):
-        if candidate.is_file() and not candidate.is_symlink():
-            try:
-                data = json.loads(candidate.read_bytes()[: 4 << 20])
-            except (OSError, ValueError):
-                return None, DAMAGED
-            return (data, OK) if isinstance(data, dict) else (None, DAMAGED)
+    """(CUDA facts a snapshot kept next to its tree, state): state is ok, not captured or damaged.
+    The file is read without following a link (diag.confined): a planted link is damage."""
+    import json
+    from .confined import PathRefused, open_dir
+    for base in (root_dir.parent, root_dir):
+        try:
+            with open_dir(base) as d:
+                raw = d.read_bytes("probes/cuda.json")
+        except FileNotFoundError:
+            continue
+        except (OSError, PathRefused):
+            return None, DAMAGED
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None, DAMAGED
+        return (data, OK) if isinstance(data, dict) else (None, DAMAGED)
     return None, NOT_CAPTURED
 
 

@@ -39,7 +39,9 @@ def key_stack(run: Run) -> tuple[str, str] | None:
     stack seen most often in the timeline while the pin was in D state or in kernel paths."""
     for entry in run.manifest.get("entries", []):
         if entry.get("kind") == "stacks" and not entry.get("skipped"):
-            text = (run.path / entry["path"]).read_text(errors="replace")
+            text = run.read_text(entry["path"], limit=1 << 20)
+            if text is None:
+                continue
             sections = text.split("### ")
             busy = [s for s in sections[1:] if " state D " in s or "do_swap_page" in s or "pin_user_pages" in s]
             chosen = (busy or sections[1:] or [text])[0]
@@ -66,7 +68,8 @@ def _facts_table(run: Run, md: bool) -> str:
     if plan:
         rows.append(["plan", plan])
     rows.append(["command", " ".join(run.manifest.get("argv", [])[1:]) or run.command])
-    rows.append(["run", f"{run.manifest.get('started', '?')} .. {run.manifest.get('finished', 'not finished')}"])
+    end = run.manifest.get("finished") or (f"partial, killed at {run.killed_at}" if run.partial else "not finished")
+    rows.append(["run", f"{run.manifest.get('started') or '?'} .. {end}"])
     return tabulate(rows, headers=["fact", "value"], tablefmt="github" if md else "simple")
 
 
@@ -285,7 +288,10 @@ def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
               "root/proc/swaps", "root/sys/kernel/mm/transparent_hugepage/enabled",
               "root/sys/kernel/mm/transparent_hugepage/defrag", "root/proc/driver/nvidia/version",
               "probes/cuda.json", "root/proc/pressure/memory", "root/proc/cmdline"]
-    entries = [e for e in run.manifest.get("entries", []) if not e.get("skipped") and e.get("kind") != "dir"]
+    # files added after the run (an earlier report, its picture) are not evidence: leaving them out
+    # keeps the report a function of what the run recorded
+    entries = [e for e in run.manifest.get("entries", []) if not e.get("skipped") and e.get("kind") != "dir"
+               and not e.get("added_after_run")]
     chosen, seen = [], set()
     for prefix in wanted:
         for e in entries:
@@ -294,14 +300,16 @@ def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
                 seen.add(e["path"])
     out, spent, left_out = "", 0, []
     for e in chosen:
-        path = run.path / e["path"]
-        if not path.is_file():
+        journal = e["path"].endswith(".jsonl")
+        # read no more than a block needs (the end of a journal says most)
+        text = run.read_text(e["path"], limit=64 * RAW_BLOCK_CHARS, tail=journal)
+        if text is None:
             continue
-        text = path.read_text(errors="replace")
         cut = len(text) > RAW_BLOCK_CHARS
-        if e["path"].endswith(".jsonl") and cut:
-            text = "\n".join(text.splitlines()[-20:])  # the end of a journal says most
-        body = text[:RAW_BLOCK_CHARS] + (f"\n... ({len(text) - RAW_BLOCK_CHARS:,} more characters in {e['path']})"
+        if journal and cut:
+            text = "\n".join(text.splitlines()[-20:])
+        more = (e["size"] if e["size"] > 64 * RAW_BLOCK_CHARS else len(text)) - RAW_BLOCK_CHARS
+        body = text[:RAW_BLOCK_CHARS] + (f"\n... ({more:,} more characters in {e['path']})"
                                          if len(text) > RAW_BLOCK_CHARS else "")
         if spent + len(body) > budget:
             left_out.append(e["path"])
@@ -328,8 +336,18 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
     if run.command == "repro staging" and r.get("summary") and "schema_version" not in r:
         r = dict(r, verdict="UNCORRECTED, recorded before hostpin counted the per-CPU free lists: " + str(r.get("verdict")))
     title = f"hostpin {run.command}: {status.upper()}"
-    verdict = r.get("verdict") or "(no verdict: the run did not finish; see manifest.jsonl)"
+    verdict = r.get("verdict") or (
+        f"partial, killed at {run.killed_at or 'an unknown time'}: the run stopped before it finished and left no "
+        "result; the timeline, stacks and files it wrote are below" if run.partial
+        else "(no verdict: the run did not finish; see manifest.jsonl)")
     parts = [f"# {title}\n\n**{verdict}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]
+    if run.partial:
+        note = (f"partial run, killed at {run.killed_at or 'an unknown time'}: the entries its journal has were "
+                "verified")
+        if run.unrecorded:
+            note += ("; written but not recorded before it was killed (kept as they are): "
+                     + ", ".join(run.unrecorded[:8]) + (" ..." if len(run.unrecorded) > 8 else ""))
+        parts.append(("> **Note:** " if md else "NOTE: ") + note + "\n")
     if run.problems:
         parts.append(("> **Warning:** " if md else "WARNING: ") + "the evidence does not match its manifest: "
                      + "; ".join(run.problems[:5]) + "\n")

@@ -1,28 +1,47 @@
 """Opening a finished run for reading: a run directory or a bundle (.tar.gz) made by `hostpin bundle`.
 
-A bundle is unpacked into a temporary directory after every member is checked (regular files
-and directories only, no absolute paths, nothing outside the run), then its manifest is
-verified like a directory's.
+Reading is confined to the run (diag.confined): every path from the manifest is normalised
+and must stay inside, only regular files are read and never through a link, and what is read
+is bounded per file and per run (Limits; `--max-size`, `--max-files` raise them).
+
+A bundle is unpacked into a new private temporary directory (removed by close(), and on every
+error or interruption while unpacking), member by member as the archive is read: Python's
+tarfile 'data' filter where the Python has it, then hostpin's own rules (regular files and
+directories only, one run directory, no member twice), under the size and member-count limits.
+The rest of the archive after the last member must be the end-of-archive zeros (a damaged
+header in the middle is not taken for the end), and a gzip stream must end with its checksum.
 """
 from __future__ import annotations
 
+import datetime as _dt
+import gzip
 import json
+import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .evidence import load_manifest, verify_manifest
+from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, TooLarge, normalize, open_dir
+from .evidence import ManifestError, command_of, load_manifest, unrecorded_files, verify_manifest
 from .facts import node_facts
 from .rootfs import Root
 
-__all__ = ["Run", "open_run_path", "RunError"]
+__all__ = ["Run", "open_run_path", "RunError", "RunMissing", "BUNDLE_TMP_PREFIX"]
+
+BUNDLE_TMP_PREFIX = "hostpin-bundle-"  # + owner pid + '-': diag.leftovers finds the ones of dead owners
 
 
 class RunError(RuntimeError):
-    pass
+    """The run or bundle could not be read (exit 3); the message says which and why."""
+
+
+class RunMissing(RunError):
+    """The path named on the command line does not exist (exit 2)."""
 
 
 @dataclass
@@ -32,25 +51,39 @@ class Run:
     manifest: dict[str, Any]
     result: dict[str, Any]
     problems: list[str] = field(default_factory=list)  # manifest verification
+    dir: Dir | None = None          # the run, opened once; every read goes through it
+    partial: bool = False           # killed before it finished (no manifest.json of its own)
+    killed_at: str | None = None    # when a partial run last wrote anything
+    unrecorded: list[str] = field(default_factory=list)  # a partial run's files its journal does not list
     _tmp: str | None = None
     _facts: dict[str, Any] | None = None
 
     @property
     def command(self) -> str:
-        return self.result.get("command") or self.manifest.get("command") or "unknown"
+        cmd = self.result.get("command")
+        if isinstance(cmd, str) and cmd:
+            return cmd
+        return command_of(self.manifest.get("command"), self.path.name) or "unknown"
 
     @property
     def status(self) -> str:
-        return str(self.result.get("status") or self.result.get("outcome") or "unknown")
+        value = self.result.get("status") or self.result.get("outcome")
+        if value is None and self.partial:
+            return "partial"
+        return str(value or "unknown")
+
+    @property
+    def from_bundle(self) -> bool:
+        return self._tmp is not None
 
     def facts(self) -> dict[str, Any]:
         """The facts the run recorded, completed from its root/ tree (read once)."""
         if self._facts is not None:
             return self._facts
-        facts = dict(self.result.get("facts") or {})
-        root = self.path / "root"
-        if root.is_dir():
-            fresh = node_facts(Root(root))
+        recorded = self.result.get("facts")
+        facts = dict(recorded) if isinstance(recorded, dict) else {}
+        if self.dir is not None and self.dir.is_dir("root"):
+            fresh = node_facts(Root(self.path / "root"))
             for key, value in fresh.items():
                 if facts.get(key) is None:
                     facts[key] = value
@@ -59,65 +92,222 @@ class Run:
         self._facts = facts
         return facts
 
+    # -- reading inside the run ----------------------------------------------------------------
+    def is_file(self, rel: str) -> bool:
+        try:
+            return self.dir is not None and self.dir.is_file(rel)
+        except PathRefused:
+            return False
+
+    def read_text(self, rel: str, limit: int | None = None, tail: bool = False) -> str | None:
+        """The file's text, or None when it is absent, a link, not a regular file, outside the
+        run, or over the limits."""
+        if self.dir is None:
+            return None
+        try:
+            return self.dir.read_text(rel, limit, tail)
+        except (OSError, PathRefused):
+            return None
+
     def read_jsonl(self, rel: str) -> list[dict]:
-        path = self.path / rel
-        if not path.is_file():
+        text = self.read_text(rel)
+        if text is None:
             return []
         out = []
-        for line in path.read_text().splitlines():
+        for line in text.splitlines():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                value = json.loads(line)
+            except (ValueError, RecursionError):
                 break  # a killed run's last line may be cut
+            if isinstance(value, dict):
+                out.append(value)
         return out
 
     def close(self) -> None:
+        if self.dir is not None:
+            self.dir.close()
+            self.dir = None
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
 
-def _safe_extract(bundle: Path, dest: Path) -> Path:
-    with tarfile.open(bundle, "r:gz") as tar:
-        members = tar.getmembers()
-        tops = set()
-        for m in members:
-            name = Path(m.name)
-            if name.is_absolute() or ".." in name.parts:
-                raise RunError(f"{bundle}: member {m.name!r} points outside the bundle; refusing it")
-            if not (m.isfile() or m.isdir()):
-                raise RunError(f"{bundle}: member {m.name!r} is not a regular file or directory; refusing it")
-            tops.add(name.parts[0])
-        if len(tops) != 1:
-            raise RunError(f"{bundle}: expected one run directory inside, found {sorted(tops)}")
-        for m in members:
-            tar.extract(m, dest, set_attrs=False)
-    return dest / tops.pop()
+# -- bundles --------------------------------------------------------------------------------------
+_ALLOWED_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
 
 
-def open_run_path(path: Path | str) -> Run:
-    p = Path(path)
-    tmp = None
-    if p.is_file():
-        if not tarfile.is_tarfile(p):
-            raise RunError(f"{p} is neither a run directory nor a hostpin bundle (.tar.gz)")
-        tmp = tempfile.mkdtemp(prefix="hostpin-bundle-")
+def _member_rel(m: tarfile.TarInfo, bundle: Path) -> str | None:
+    """The member's path in normal form, or None for the archive's own '.' entry."""
+    name = m.name
+    while name.startswith("./"):
+        name = name[2:]
+    if name.rstrip("/") in ("", ".") and m.isdir():
+        return None
+    try:
+        return normalize(name.rstrip("/") or name)
+    except PathRefused as exc:
+        raise RunError(f"{bundle}: member {m.name!r} refused: {exc}") from None
+
+
+def _unpack(bundle: Path, dest: Path, limits: Limits) -> Path:
+    with open(bundle, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
         try:
-            p = _safe_extract(Path(path), Path(tmp))
-        except (RunError, tarfile.TarError) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RunError(str(exc)) from None
-    elif not p.is_dir():
-        raise RunError(f"{p} does not exist; give a run directory (hostpin-runs/...) or a bundle")
-    if not (p / "manifest.json").exists() and not (p / "manifest.jsonl").exists():
+            return _unpack_stream(bundle, stream, dest, limits)
+        except (tarfile.TarError, EOFError, zlib.error) as exc:
+            raise RunError(f"{bundle} could not be read: the archive is truncated or corrupt ({exc})") from None
+        except gzip.BadGzipFile as exc:
+            raise RunError(f"{bundle} could not be read: the archive is corrupt ({exc})") from None
+
+
+def _unpack_stream(bundle: Path, stream, dest: Path, limits: Limits) -> Path:
+    tar = tarfile.open(fileobj=stream, mode="r:")
+    top: str | None = None
+    count = total = 0
+    with open_dir(dest, limits, follow_last=False) as out:
+        for m in tar:
+            count += 1
+            if count > limits.files:
+                raise RunError(f"{bundle}: more than {limits.files:,} members; refusing it (--max-files raises "
+                               "the limit)")
+            if hasattr(tarfile, "data_filter"):
+                try:
+                    tarfile.data_filter(m, str(dest))
+                except tarfile.FilterError as exc:
+                    raise RunError(f"{bundle}: member {m.name!r} refused: {exc}") from None
+            rel = _member_rel(m, bundle)
+            if rel is None:
+                continue
+            if m.type not in _ALLOWED_TYPES:
+                raise RunError(f"{bundle}: member {m.name!r} is not a regular file or directory; refusing it")
+            head = rel.split("/")[0]
+            if top is None:
+                top = head
+            if head != top or (rel == head and not m.isdir()):
+                raise RunError(f"{bundle}: expected one run directory inside, found {top!r} and {m.name!r}")
+            if m.isdir():
+                out.makedirs(rel)
+                continue
+            total += m.size
+            if m.size > limits.file_bytes:
+                raise RunError(f"{bundle}: member {m.name!r} is {m.size:,} bytes, over the limit of "
+                               f"{limits.file_bytes:,} for one file; refusing it (--max-size raises the limit)")
+            if total > limits.total_bytes:
+                raise RunError(f"{bundle}: unpacks to more than {limits.total_bytes:,} bytes; refusing it "
+                               "(--max-size raises the limit)")
+            src = tar.extractfile(m)
+            try:
+                fd = out.open_new(rel)
+            except FileExistsError:
+                raise RunError(f"{bundle}: member {m.name!r} appears twice; refusing it") from None
+            except (PathRefused, NotADirectoryError) as exc:
+                raise RunError(f"{bundle}: member {m.name!r} refused: {exc}") from None
+            with os.fdopen(fd, "wb") as fh:
+                left = m.size
+                while left > 0:
+                    piece = src.read(min(1 << 20, left))
+                    if not piece:
+                        raise EOFError(f"member {m.name!r} is cut short")
+                    fh.write(piece)
+                    left -= len(piece)
+        # what follows the last member must be the end-of-archive zeros: tarfile takes a damaged
+        # header in the middle for the end, and a gzip stream is checked only when read to its end
+        stream.seek(tar.offset)
+        while True:
+            piece = stream.read(1 << 20)
+            if not piece:
+                break
+            if piece.strip(b"\0"):
+                raise RunError(f"{bundle} could not be read: the archive is corrupt after member {count} "
+                               f"(a damaged header at byte {tar.offset:,} of the tar stream)")
+    if top is None:
+        raise RunError(f"{bundle} could not be read: the archive holds no run directory")
+    return dest / top
+
+
+def _open_bundle(p: Path, limits: Limits) -> tuple[Path, str]:
+    tmp = tempfile.mkdtemp(prefix=f"{BUNDLE_TMP_PREFIX}{os.getpid()}-")
+    try:
+        return _unpack(p, Path(tmp), limits), tmp
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise RunError(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
+    except (PathRefused, TooLarge) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(f"{p}: {exc}") from None
+    except BaseException:  # RunError, Ctrl-C, anything: the temporary directory never stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> dict[str, Any]:
+    if d.lstat("result.json") is None:
+        return {}
+    try:
+        value = json.loads(d.read_bytes("result.json"))
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+    except (OSError, PathRefused, ValueError, RecursionError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        if partial:  # killed while writing it: what else it recorded still reads
+            problems.append(f"result.json could not be read ({why}); the run was killed before it finished")
+            return {}
+        raise RunError(f"result.json could not be read: {why}") from None
+
+
+def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
+    """A run directory or bundle, opened for reading; RunError (RunMissing) when it cannot be."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise RunMissing(f"{p} does not exist; give a run directory (hostpin-runs/...) or a bundle") from None
+    except OSError as exc:
+        raise RunError(f"{p} could not be read: {exc.strerror}") from None
+    tmp = None
+    if stat.S_ISREG(st.st_mode):
+        p, tmp = _open_bundle(p, limits)
+    elif not stat.S_ISDIR(st.st_mode):
+        raise RunError(f"{p} is neither a run directory nor a hostpin bundle (.tar.gz)")
+    d = None
+    try:
+        d = open_dir(p, limits, follow_last=tmp is None)
+        manifest = load_manifest(d)
+        partial = not manifest.get("complete", True) or bool(manifest.get("partial"))
+        problems = verify_manifest(d, manifest)
+        if manifest.get("journal_cut"):
+            problems.append("manifest.jsonl: its last line was cut (the run was killed while writing it)")
+        result = _read_result(d, manifest, partial, problems)
+        killed_at, unrecorded = manifest.get("killed_at"), list(manifest.get("unrecorded") or [])
+        if partial and "manifest.json" not in d.listdir():
+            files = unrecorded_files(d, manifest)
+            unrecorded = [rel for rel, s in files if stat.S_ISREG(s.st_mode)]
+            problems += [f"{rel}: is {'a symbolic link' if stat.S_ISLNK(s.st_mode) else 'not a regular file'}: "
+                         "not read" for rel, s in files if not stat.S_ISREG(s.st_mode)]
+            added = {e["path"] for e in manifest["entries"] if e.get("added_after_run")}
+            times = [s.st_mtime for rel, s in d.walk() if stat.S_ISREG(s.st_mode) and rel not in added
+                     and rel != "manifest.added.jsonl"]
+            killed_at = _iso(max(times)) if times else None
+        return Run(path=p, source=str(path), manifest=manifest, result=result, problems=problems, dir=d,
+                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, _tmp=tmp)
+    except BaseException as exc:
+        if d is not None:
+            d.close()
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"{p} has no manifest: not a hostpin run directory")
-    manifest = load_manifest(p)
-    result = {}
-    if (p / "result.json").exists():
-        try:
-            result = json.loads((p / "result.json").read_text())
-        except json.JSONDecodeError:
-            result = {}
-    return Run(path=p, source=str(path), manifest=manifest, result=result, problems=verify_manifest(p), _tmp=tmp)
+        if isinstance(exc, ManifestError):
+            raise RunError(f"{path} could not be read: {exc}") from None
+        if isinstance(exc, RunError):
+            raise RunError(f"{path}: {exc}") from None
+        if isinstance(exc, (PathRefused, OSError)):
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise RunError(f"{path} could not be read: {why}") from None
+        raise

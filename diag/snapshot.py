@@ -4,11 +4,13 @@ The tree it writes (RUN/root/...) has the layout of / so that `hostpin preflight
 and the tests read it exactly like a live machine. Symlinks that readers list (IOMMU group
 members, /sys/class/iommu) are kept as empty marker files with the link target in the
 manifest. CUDA facts go to RUN/probes/cuda.json, command outputs to RUN/commands/.
+
+`--root DIR` copies someone else's tree: nothing in it is followed. A file that is a link, or
+lies under a linked directory, is recorded as a link with its target string (see Root), and
+globs do not enter linked directories.
 """
 from __future__ import annotations
 
-import glob
-import os
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +48,6 @@ COMMANDS = (
 )
 
 
-def _is_file(path: str) -> bool:
-    return os.path.isfile(path) and not os.path.islink(path)
-
-
 def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, commands: bool = True) -> dict[str, Any]:
     from .preflight import record_node_probe, record_probe, start_cuda_probe
@@ -59,9 +57,8 @@ def take_snapshot(run: RunDir, root_path: Path | str = "/", cuda: bool = True,
     for rel in SNAPSHOT_FILES:
         root.read_text(rel)
     for pattern in SNAPSHOT_GLOBS:
-        for path in sorted(glob.glob(str(root.path / pattern))):
-            if _is_file(path):
-                root.read_text(os.path.relpath(path, root.path))
+        for rel in root.glob(pattern):
+            root.read_text(rel)
     cgroup.read_cgroup_memory(root)  # reads the cgroup's own files, every level up
     record_node_probe(run, root)      # page size, architecture, what backs each swap area (probes/node.json)
     # IOMMU group members and units are symlinks: keep them as markers a reader can list

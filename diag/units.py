@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from fractions import Fraction
 
 __all__ = [
-    "PAGE_SIZE", "KiB", "MiB", "GiB", "TiB", "SizeError", "parse_size", "parse_rate",
+    "PAGE_SIZE", "KiB", "MiB", "GiB", "TiB", "MAX_SIZE", "SizeError", "parse_size", "parse_rate",
     "format_bytes", "format_duration", "SIZE_EXAMPLE", "RATE_EXAMPLE",
 ]
 
@@ -30,13 +31,21 @@ _UNITS = {
     "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+_DIGITS = 30           # more digits than any size a machine has: refused before any arithmetic
+MAX_SIZE = 1 << 60     # 1 EiB
 SIZE_EXAMPLE = "47GiB, 47.2GiB, 512MiB, 50GB or 1073741824"
 RATE_EXAMPLE = "11MB/s, 16MiB/s or 2800pages/s"
 
 
 class SizeError(ValueError):
     """A size or rate that cannot be read; the message names the value and a good example."""
+
+
+def _show(text: object) -> str:
+    """The value as the user typed it, cut short when it is long."""
+    s = str(text)
+    return repr(s) if len(s) <= 40 else repr(s[:40]) + f"... ({len(s)} characters)"
 
 
 def parse_size(text: str) -> int:
@@ -48,13 +57,17 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:
-        raise SizeError(f"{text!r} is not a size; use e.g. {SIZE_EXAMPLE}")
-    number = float(m.group(1))
-    if unit in ("", "b") and "." in m.group(1):
-        raise SizeError(f"{text!r}: plain bytes must be a whole number; use e.g. {SIZE_EXAMPLE}")
-    value = int(round(number * _UNITS[unit]))
+        raise SizeError(f"{_show(text)} is not a size; use e.g. {SIZE_EXAMPLE}")
+    digits = m.group(1)
+    if unit in ("", "b") and "." in digits:
+        raise SizeError(f"{_show(text)}: plain bytes must be a whole number; use e.g. {SIZE_EXAMPLE}")
+    if len(digits.split(".")[0].lstrip("0")) > _DIGITS or len(digits) > 2 * _DIGITS:
+        raise SizeError(f"{_show(text)} is too large: at most 1 EiB; use e.g. {SIZE_EXAMPLE}")
+    value = round(Fraction(digits) * _UNITS[unit])  # exact: no float rounding, no overflow
     if value <= 0:
-        raise SizeError(f"{text!r} is not a positive size; use e.g. {SIZE_EXAMPLE}")
+        raise SizeError(f"{_show(text)} is not a positive size; use e.g. {SIZE_EXAMPLE}")
+    if value > MAX_SIZE:
+        raise SizeError(f"{_show(text)} is too large: at most 1 EiB; use e.g. {SIZE_EXAMPLE}")
     return value
 
 
@@ -68,15 +81,19 @@ def parse_rate(text: str) -> int:
     low = raw.lower()
     if low.endswith("pages/s"):
         count = low[: -len("pages/s")].strip()
-        if not count.isdigit() or int(count) <= 0:
-            raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}")
+        if not re.fullmatch(r"[0-9]{1,20}", count, re.ASCII) or int(count) <= 0:
+            raise SizeError(f"{_show(text)} is not a rate; use e.g. {RATE_EXAMPLE}")
+        if int(count) * PAGE_SIZE > MAX_SIZE:
+            raise SizeError(f"{_show(text)} is too large: at most 1 EiB/s; use e.g. {RATE_EXAMPLE}")
         return int(count) * PAGE_SIZE
     if not low.endswith("/s"):
-        raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}")
+        raise SizeError(f"{_show(text)} is not a rate; use e.g. {RATE_EXAMPLE}")
     try:
         return parse_size(raw[:-2])
-    except SizeError:
-        raise SizeError(f"{text!r} is not a rate; use e.g. {RATE_EXAMPLE}") from None
+    except SizeError as exc:
+        if "too large" in str(exc):
+            raise SizeError(f"{_show(text)} is too large: at most 1 EiB/s; use e.g. {RATE_EXAMPLE}") from None
+        raise SizeError(f"{_show(text)} is not a rate; use e.g. {RATE_EXAMPLE}") from None
 
 
 def format_bytes(n: float | int | None, signed: bool = False) -> str:

@@ -3,7 +3,9 @@ and a read throttle on the swap device (to reproduce a slow swap device), v1 and
 
 Each RunCgroup is created empty, the child joins it before it allocates anything (from a
 preexec hook), and `remove()` moves any process left back to the parent cgroup and removes
-the directories. Everything it writes is undone by remove().
+the directories. Everything it writes is undone by remove(). Cgroups are named with the
+owner's pid (diag.leftovers.cgroup_name), and a throttle lives in its cgroup, so what a killed
+run leaves is found and removed by `hostpin repro cleanup`.
 """
 from __future__ import annotations
 
@@ -12,11 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from diag.cgroup import parse_mountinfo
+from diag.leftovers import CGROUP_PREFIX as PREFIX, cgroup_mounts, owner_pid
 
 __all__ = ["CgroupError", "RunCgroup", "cgroup_layout", "block_device_for", "leftover_cgroups", "PREFIX"]
-
-PREFIX = "hostpin-"
 
 
 class CgroupError(RuntimeError):
@@ -25,15 +25,10 @@ class CgroupError(RuntimeError):
 
 def cgroup_layout() -> dict:
     """Where the memory and io/blkio controllers are: {'version': 1|2, 'memory': path, 'io': path}."""
-    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
-    v1_mem = next((m for m in mounts if m["fstype"] == "cgroup" and "memory" in m["super_options"].split(",")), None)
-    if v1_mem is not None:
-        v1_io = next((m for m in mounts if m["fstype"] == "cgroup" and "blkio" in m["super_options"].split(",")), None)
-        return {"version": 1, "memory": v1_mem["mount_point"], "io": v1_io["mount_point"] if v1_io else None}
-    v2 = next((m for m in mounts if m["fstype"] == "cgroup2"), None)
-    if v2 is None:
+    layout = cgroup_mounts()
+    if layout is None:
         raise CgroupError("no memory cgroup controller is mounted (neither v1 'memory' nor cgroup2)")
-    return {"version": 2, "memory": v2["mount_point"], "io": v2["mount_point"]}
+    return layout
 
 
 def block_device_for(path: str) -> str:
@@ -205,14 +200,10 @@ class RunCgroup:
                         _write(parent_procs, str(pid))
                     except CgroupError:
                         pass
-                try:
-                    d.rmdir()
+                why = _try_rmdir(d, deadline)
+                if why is not False:
+                    problems += [why] if why else []
                     break
-                except OSError as exc:
-                    if time.monotonic() > deadline:
-                        problems.append(f"cannot remove {d}: {exc.strerror}")
-                        break
-                    time.sleep(0.05)
         for top, ctl in self.enabled_controllers:
             try:
                 _write(top / "cgroup.subtree_control", f"-{ctl}")
@@ -222,8 +213,31 @@ class RunCgroup:
         return problems
 
 
-def leftover_cgroups() -> list[str]:
-    """hostpin cgroups that exist now (for tests and for `hostpin repro cleanup`)."""
+def _try_rmdir(d: Path, deadline: float) -> str | None | bool:
+    """None: removed (or gone); False: busy, try again; a message: still busy at the deadline."""
+    try:
+        d.rmdir()
+        return None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if time.monotonic() > deadline:
+            return f"cannot remove {d}: {exc.strerror}"
+        time.sleep(0.05)
+        return False
+
+
+def remove_dir(d: Path, wait_s: float = 5.0) -> list[str]:
+    """rmdir a cgroup, retrying while the kernel still counts a task that left it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        why = _try_rmdir(d, deadline)
+        if why is not False:
+            return [why] if why else []
+
+
+def leftover_cgroups(owner: int | None = None) -> list[str]:
+    """hostpin cgroups that exist now, or only those of the run with pid owner."""
     try:
         layout = cgroup_layout()
     except CgroupError:
@@ -231,6 +245,7 @@ def leftover_cgroups() -> list[str]:
     found = []
     for base in {layout["memory"], layout.get("io")} - {None}:
         for entry in Path(base).iterdir():
-            if entry.name.startswith(PREFIX) and entry.is_dir():
+            pid = owner_pid(entry.name, "cgroup")
+            if pid is not None and entry.is_dir() and owner in (None, pid):
                 found.append(str(entry))
     return sorted(found)

@@ -7,12 +7,21 @@ a `kill`, an error or success. Each undo is recorded, with what could not be und
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import shutil
 import signal
+import stat
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
-__all__ = ["Cleanup", "Interrupted"]
+from diag.leftovers import CLEANUP_COMMAND, Leftover, find_leftovers
+
+from .cgroups import remove_dir
+
+__all__ = ["Cleanup", "Interrupted", "leftovers_refusal", "remove_leftovers"]
 
 
 class Interrupted(Exception):
@@ -58,3 +67,100 @@ class Cleanup:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+# -- leftovers of runs that were killed (`hostpin repro cleanup`) ---------------------------------
+def leftovers_refusal() -> dict | None:
+    """A refusal (for `repro register`) when killed runs left swap files, cgroups or throttles:
+    a new run beside them measures their throttle and swap, not the node."""
+    dead = [x for x in find_leftovers() if not x.alive]
+    if not dead:
+        return None
+    return {"check": "leftovers", "override": "--ignore-leftovers",
+            "summary": f"{len(dead)} left by killed hostpin runs ({'; '.join(x.describe() for x in dead[:3])}"
+                       f"{'; ...' if len(dead) > 3 else ''}): remove them with `{CLEANUP_COMMAND}`",
+            "evidence": {"leftovers": [x.to_dict() for x in dead]}}
+
+
+def _remove_swap(item: Leftover) -> list[str]:
+    from .swapfile import _libc
+    problems = []
+    if item.kind == "swap":
+        if _libc.swapoff(item.path.encode()) != 0:
+            err = ctypes.get_errno()
+            return [f"swapoff {item.path}: {os.strerror(err)}"]
+    try:
+        if stat.S_ISREG(os.lstat(item.path).st_mode):
+            os.unlink(item.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        problems.append(f"cannot remove {item.path}: {exc.strerror}")
+    return problems
+
+
+def _remove_cgroup(item: Leftover) -> list[str]:
+    path = Path(item.path)
+    live = [pid for pid in item.detail.get("procs", []) if os.path.exists(f"/proc/{pid}")]
+    if live:
+        return [f"{path} still holds pid {', '.join(map(str, live))}; not removed (end those processes first)"]
+    problems = []
+    if item.detail.get("version") == 1:
+        for line in item.detail.get("throttles", []):
+            majmin = line.split()[0]
+            try:
+                (path / "blkio.throttle.read_bps_device").write_text(f"{majmin} 0")
+            except OSError as exc:
+                problems.append(f"cannot lift the throttle {line} in {path}: {exc.strerror}")
+    return problems + remove_dir(path)
+
+
+def _remove_file(item: Leftover) -> list[str]:
+    try:
+        if item.kind == "bundle-tmp":
+            shutil.rmtree(item.path)
+        else:
+            os.unlink(item.path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return [f"cannot remove {item.path}: {exc.strerror}"]
+    return []
+
+
+def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dict:
+    """Remove what killed runs left (owners dead); leave what running runs hold. The result
+    lists each thing found, what was done, and what could not be undone. pids: only those
+    owners' (a test cleaning up after its own run)."""
+    found = [x for x in find_leftovers() if pids is None or x.pid in pids]
+    order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4}
+    rows, problems = [], []
+    for item in sorted(found, key=lambda x: (order[x.kind], x.path)):
+        row = dict(item.to_dict(), description=item.describe())
+        if item.alive:
+            row["action"] = "left alone: its run is going"
+        elif dry_run:
+            row["action"] = "would remove"
+        else:
+            undo = {"swap": _remove_swap, "swap-file": _remove_swap,
+                    "cgroup": _remove_cgroup}.get(item.kind, _remove_file)
+            try:
+                row["problems"] = undo(item)
+            except Exception as exc:  # keep removing the rest
+                row["problems"] = [f"{type(exc).__name__}: {exc}"]
+            row["action"] = "removed" if not row["problems"] else "could not remove"
+            problems += row["problems"]
+        rows.append(row)
+    dead = [r for r in rows if not r["alive"]]
+    if not found:
+        verdict = "nothing left by hostpin runs on this node"
+    elif dry_run:
+        verdict = f"{len(dead)} left by killed runs would be removed" + (
+            f"; {len(rows) - len(dead)} held by running runs left alone" if len(rows) > len(dead) else "")
+    else:
+        done = sum(1 for r in dead if r["action"] == "removed")
+        verdict = f"removed {done} of {len(dead)} left by killed runs" + (
+            f"; {len(rows) - len(dead)} held by running runs left alone" if len(rows) > len(dead) else "") + (
+            "; could not remove: " + "; ".join(problems) if problems else "")
+    return {"tool": "hostpin", "command": "repro cleanup", "dry_run": dry_run, "found": rows,
+            "status": "failed" if problems else "clean", "problems": problems, "verdict": verdict}

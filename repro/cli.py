@@ -1,17 +1,31 @@
 """The `hostpin` console command: diag's verbs plus the `repro` group.
 
 Errors at the command line are one line on stderr with exit code 2; domain errors are
-click exceptions with a clear message; nothing prints a traceback to a user.
+click exceptions with a clear message and the exit code of diag/exitcodes.py; nothing prints
+a traceback to a user, not even a Ctrl-C while the command is still starting up.
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-import click
 
-from diag.cli import RANKS, RATE, SIZE, _margin, cli, json_option, open_run, out_option
-from diag.units import SIZE_EXAMPLE
-from diag.exitcodes import EXIT_INTERRUPTED, EXIT_UNEVALUATED, EXIT_USAGE
+def _interrupted_at_start_up(signum, frame):  # nothing is set up yet: nothing to undo
+    os.write(2, b"hostpin: interrupted\n")
+    os._exit(130)
+
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
+    signal.signal(signal.SIGINT, _interrupted_at_start_up)
+    signal.signal(signal.SIGTERM, _interrupted_at_start_up)
+
+import click  # noqa: E402
+
+from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
+                      json_option, open_run, out_option, unexpected)
+from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
+from diag.units import SIZE_EXAMPLE  # noqa: E402
 
 __all__ = ["main", "cli"]
 
@@ -39,17 +53,21 @@ def repro():
               help="Push this much of the region into swap for real before pinning (memory cgroup limit).")
 @click.option("--swap-in-rate", type=RATE, default=None,
               help="Throttle reads from the swap device for the pinning child, e.g. 11MB/s (v1 blkio, v2 io.max).")
-@click.option("--make-swap", type=SIZE, default=None, help="Create a temporary swap file of this size for the run.")
+@click.option("--make-swap", type=SIZE, default=None,
+              help="Create a temporary swap file of this size for the run (at least 40 KiB).")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default="/var/tmp", show_default=True,
               help="Where --make-swap puts its file (a disk file system: ext4, xfs).")
-@click.option("--deadline", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+@click.option("--deadline", type=FiniteRange(min=1), default=1800.0, show_default=True,
               help="Hard limit in seconds for the whole run: stacks are captured, then the child is killed.")
-@click.option("--stall-after", type=click.FloatRange(min=0.5), default=120.0, show_default=True,
+@click.option("--stall-after", type=FiniteRange(min=0.5), default=120.0, show_default=True,
               help="No progress for this long = stalled (stacks captured, child killed).")
-@click.option("--interval", type=click.FloatRange(min=0.05, max=10), default=0.5, show_default=True,
+@click.option("--interval", type=FiniteRange(min=0.05, max=10), default=0.5, show_default=True,
               help="Watchdog sampling interval in seconds.")
 @click.option("--margin", default="5%", show_default=True, help="Memory that must stay free (refusal threshold).")
 @click.option("--force", is_flag=True, help="Run even when the headroom check says the node cannot take it.")
+@click.option("--ignore-leftovers", is_flag=True,
+              help="Run even beside swap files, cgroups or throttles left by killed runs "
+                   "(see `hostpin repro cleanup`).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring this node's clean rate first (256 MiB).")
 @click.option("--register-twice", is_flag=True, help="Register the first chunk a second time (catalog 10).")
@@ -58,16 +76,20 @@ def repro():
 @click.option("--matrix", is_flag=True, help="Run methods x THP x prefault at this size and print one table.")
 @json_option
 @out_option
+@json_errors("repro register")
 def register_cmd(size, method, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
-                 make_swap, swap_dir, deadline, stall_after, interval, margin, force, device, no_calibrate,
-                 register_twice, prefault_threads, matrix, as_json, out):
+                 make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers, device,
+                 no_calibrate, register_twice, prefault_threads, matrix, as_json, out):
     """Pin SIZE for real in a child process while a watchdog shows where the time goes.
 
     \b
     Outcomes: completed, slow, failed (CUDA error and catalog entry), stalled, killed
     (deadline), unkillable, refused (not enough headroom; --force), interrupted.
     Exit code 0: completed or slow; 1: failed, stalled, killed, unkillable; 3: no GPU for a
-    CUDA method; 4: refused; 130: interrupted. Everything set up is removed on every exit.
+    CUDA method, or the run could not be set up; 4: refused (headroom; leftovers of killed runs:
+    `hostpin repro cleanup`); 130: interrupted. Everything set up is removed on every exit.
+    An existing --source file:PATH is only ever mapped read-only (registered read-only); a new
+    path is created by the run and removed afterwards.
     """
     import json as _json
 
@@ -78,11 +100,20 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         raise click.BadParameter(f"{source!r} is not a source; use anon, shm or file:PATH, e.g. file:/data/table.bin",
                                  param_hint="'--source'")
     _margin(None, None, margin)
+    if make_swap is not None:
+        from .swapfile import MIN_PAGES, PAGE
+        if make_swap < MIN_PAGES * PAGE:
+            raise click.BadParameter(f"{make_swap} bytes is smaller than a swap area can be; use at least "
+                                     f"{MIN_PAGES * PAGE // 1024}KiB, e.g. --make-swap 1GiB",
+                                     param_hint="'--make-swap'")
+        if not os.path.isdir(swap_dir):
+            raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
+                                     "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
                         interval=interval, force=force, device=device, calibrate=not no_calibrate,
-                        register_twice=register_twice, margin=margin)
+                        register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers)
     if prefault_threads:
         opts.prefault_threads = prefault_threads
     try:
@@ -106,11 +137,11 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         data = write_result(run, ReproRegisterResult(outcome="unevaluated", error=str(exc), exit_code=EXIT_UNEVALUATED,
                                                      verdict=f"not run: {exc}", run_dir=str(run.path),
                                                      extra={"tool": "hostpin", "command": "repro register"}))
+        err = InputError(f"{exc} (evidence: {run.path})")
         if as_json:
             click.echo(_json.dumps(data, indent=2, default=str))
-        err = click.ClickException(f"{exc} (evidence: {run.path})")
-        err.exit_code = EXIT_UNEVALUATED
-        raise err
+            err.json_printed = True  # the typed result was the answer; json_errors prints nothing more
+        raise err from None
     bar.done()
     result["exit_code"] = exit_code_for(result["outcome"])
     data = write_result(run, ReproRegisterResult.from_dict(result))
@@ -193,13 +224,56 @@ def _json_error(argv: list[str], message: str, exit_code: int) -> None:
                                 "verdict": message}, indent=2))
 
 
+@repro.command("cleanup")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@json_option
+@json_errors("repro cleanup")
+def cleanup_cmd(dry_run, as_json):
+    """Remove swap files, cgroups (with their read throttles), /dev/shm files and unpacked
+    bundles left by hostpin runs that were killed (their owner's pid, in each name, no longer
+    runs). What a running run holds is left alone.
+
+    Exit code 0: nothing of a killed run is left (or --dry-run); 3: something could not be
+    removed (named, with why).
+    """
+    from .cleanup import remove_leftovers
+
+    result = remove_leftovers(dry_run=dry_run)
+    result["exit_code"] = EXIT_UNEVALUATED if result["problems"] else EXIT_OK
+    if as_json:
+        click.echo(_json_dumps(result))
+    else:
+        click.echo(f"hostpin repro cleanup: {result['verdict']}")
+        for row in result["found"]:
+            click.echo(f"  {row['action']}: {row['description']}"
+                       + (f" ({'; '.join(row['problems'])})" if row.get("problems") else ""))
+    return result["exit_code"]
+
+
+def _json_dumps(obj) -> str:
+    import json as _json
+    return _json.dumps(obj, indent=2, default=str)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    # from here on a Ctrl-C or SIGTERM unwinds, so that every `finally` (a bundle's temporary
+    # directory, a reproduction's cleanup) runs; a reproduction installs its own handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # evidence is private: whatever creates a file during the command (a child's log, a stream)
+    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
+    os.umask(os.umask(0o077) | 0o077)
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
-        _json_error(args, exc.format_message(), EXIT_USAGE)
+        if not getattr(exc, "json_printed", False):
+            _json_error(args, exc.format_message(), EXIT_USAGE)
         sys.exit(EXIT_USAGE)
     except click.ClickException as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
@@ -210,6 +284,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("hostpin: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # a bug: still one line, and where; HOSTPIN_DEBUG=1 for the traceback
+        if os.environ.get("HOSTPIN_DEBUG"):
+            raise
+        click.echo(f"hostpin: error: {unexpected(exc, 'internal error')}", err=True)
+        sys.exit(EXIT_UNEVALUATED)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

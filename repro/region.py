@@ -2,6 +2,11 @@
 
 Everything here runs in the child process. Calls that take long (madvise populate, mlock,
 memset) release the GIL, so prefault threads run in parallel.
+
+A user's file is never written: `file:PATH` that exists is opened read-only and mapped
+PROT_READ whatever was asked (so the prefault only reads it, MADV_POPULATE_READ, and the pin
+must be read-only), and it is never grown: a file shorter than the region is refused. Only a
+file this run creates (O_EXCL) is written, grown to the region, and removed afterwards.
 """
 from __future__ import annotations
 
@@ -9,12 +14,13 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
 
 __all__ = ["Region", "map_region", "prefault", "mlock_range", "munlock_range", "LibcError",
-           "MADV_HUGEPAGE", "MADV_NOHUGEPAGE", "make_uffd_region"]
+           "MADV_HUGEPAGE", "MADV_NOHUGEPAGE", "make_uffd_region", "FileSourceError", "existing_file_flags"]
 
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -38,6 +44,40 @@ PAGE = 4096
 
 class LibcError(OSError):
     pass
+
+
+class FileSourceError(ValueError):
+    """A --source file:PATH that cannot be used without writing the user's file."""
+
+
+def existing_file_flags(path: str, size: int, method: str, register_flags: str) -> str:
+    """The registration flags for --source file:PATH. A path that does not exist yet is the
+    run's own file (created, written, removed): flags as asked. An existing file is the user's:
+    it is only ever mapped read-only, so it is registered with cudaHostRegisterReadOnly, and a
+    mode that needs a writable pin, or a file shorter than the region, is refused."""
+    import stat as _stat
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return register_flags
+    except OSError as exc:
+        raise FileSourceError(f"--source file:{path}: {exc.strerror}") from None
+    if not _stat.S_ISREG(st.st_mode):
+        raise FileSourceError(f"--source file:{path} is not a regular file; give a data file, or a new path for "
+                              "the run to create")
+    if st.st_size < size:
+        raise FileSourceError(f"--source file:{path} is {st.st_size:,} bytes, smaller than --size ({size:,}); an "
+                              "existing file is never grown or written: give a file at least that large, or a new "
+                              "path (the run creates it and removes it afterwards)")
+    if not os.access(path, os.R_OK):
+        raise FileSourceError(f"--source file:{path} is not readable")
+    if method == "register":
+        if register_flags in ("portable", "mapped"):
+            raise FileSourceError(f"--register-flags {register_flags} pins --source file:{path} writable, and an "
+                                  "existing file is only ever mapped read-only (hostpin never writes your file): use "
+                                  "--register-flags readonly (or default), or a new path that the run creates")
+        return "readonly"
+    return register_flags
 
 
 def _check(ret: int, what: str) -> int:
@@ -81,29 +121,40 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
     if source == "anon":
         flags |= MAP_ANONYMOUS
     elif source == "shm":
-        path = f"/dev/shm/hostpin-{os.getpid()}-{time.monotonic_ns()}"
+        from diag.leftovers import shm_name
+        path = f"/dev/shm/{shm_name(os.getpid(), time.monotonic_ns())}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(fd, size)
         unlink = True
     elif source.startswith("file:"):
         path = source[5:]
-        exists = os.path.exists(path)
-        unlink = not exists  # a file this run created is removed with the region; the user's is kept
-        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if (writable or not exists) else os.O_RDONLY, 0o600)
-        if os.fstat(fd).st_size < size:
-            if exists and not writable:
+        try:  # the run's own file: created now, grown to the region, removed with it
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            unlink = True
+        except FileExistsError:  # the user's file: read-only, never grown, kept
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size < size:
                 os.close(fd)
-                raise LibcError(errno.EINVAL, f"{path} is smaller than the region ({size} bytes) and is opened "
-                                              "read-only: give a file at least that large")
-            os.ftruncate(fd, size)  # a new file, or the user's writable one, grows to the region
+                what = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+                        else f"smaller than the region ({size} bytes)")
+                raise LibcError(errno.EINVAL, f"{path} is {what}; an existing file is never grown or written")
+            writable = False
+            prot = PROT_READ
     else:
         raise ValueError(f"unknown source {source!r}")
-    addr = libc.mmap(None, size, prot, flags, fd, 0)
-    if addr in (None, MAP_FAILED):
-        err = ctypes.get_errno()
+    try:
+        if unlink:
+            os.ftruncate(fd, size)
+        addr = libc.mmap(None, size, prot, flags, fd, 0)
+        if addr in (None, MAP_FAILED):
+            err = ctypes.get_errno()
+            raise LibcError(err, f"mmap of {size} bytes ({source}, {map_kind}): {os.strerror(err)}")
+    except BaseException:
         if fd >= 0:
             os.close(fd)
-        raise LibcError(err, f"mmap of {size} bytes ({source}, {map_kind}): {os.strerror(err)}")
+        if unlink and path:
+            os.unlink(path)
+        raise
     region = Region(addr=addr, size=size, source=source, writable=writable, fd=fd if fd >= 0 else None,
                     path=path, unlink_on_close=unlink)
     if thp is not None:

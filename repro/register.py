@@ -21,8 +21,11 @@ from diag.nvidia import read_nvidia
 from diag.rootfs import Root
 from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
 
-from .cgroups import PREFIX as CG_PREFIX, CgroupError, RunCgroup, block_device_for
-from .cleanup import Cleanup, Interrupted
+from diag.leftovers import cgroup_name
+
+from .cgroups import CgroupError, RunCgroup, block_device_for
+from .cleanup import Cleanup, Interrupted, leftovers_refusal
+from .region import FileSourceError, existing_file_flags
 from .swapfile import SwapError, SwapFile, active_swaps
 from .watchdog import Child, Watchdog, kill_and_wait, spawn_child
 
@@ -68,6 +71,7 @@ class ReproOptions:
     register_twice: bool = False
     prefault_threads: int = field(default_factory=lambda: max(1, min(16, os.cpu_count() or 1)))
     margin: str = "5%"
+    ignore_leftovers: bool = False
 
     @property
     def uses_gpu(self) -> bool:
@@ -93,6 +97,11 @@ def validate(opts: ReproOptions) -> None:
             raise ReproUsageError("--swap-out needs --source anon or shm (file pages are written back, not swapped)")
     if opts.register_flags != "default" and opts.method != "register":
         raise ReproUsageError("--register-flags applies to --method register only")
+    if opts.source.startswith("file:"):  # an existing file is the user's: read-only, never written
+        try:
+            opts.register_flags = existing_file_flags(opts.source[5:], opts.size, opts.method, opts.register_flags)
+        except FileSourceError as exc:
+            raise ReproUsageError(str(exc)) from None
     if opts.chunk is not None and opts.chunk % PAGE_SIZE:
         raise ReproUsageError("--chunk must be a multiple of 4 KiB, e.g. 64GiB")
     if opts.size % PAGE_SIZE:
@@ -148,10 +157,11 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: --method "
                       f"{opts.method} needs one; --method mlock reproduces the kernel side without a GPU")
         return result
-    refusal = None if opts.force else safety(opts)
+    refusal = None if opts.ignore_leftovers else leftovers_refusal()
+    refusal = refusal or (None if opts.force else safety(opts))
     if refusal:
-        result.update(outcome="refused", refusal=refusal,
-                      verdict=f"refused: {refusal['summary']}; nothing was allocated (--force runs it anyway)")
+        result.update(outcome="refused", refusal=refusal, verdict=f"refused: {refusal['summary']}; nothing was "
+                      f"allocated ({refusal.get('override', '--force')} runs it anyway)")
         return result
     cleanup = Cleanup()
     state: dict[str, Any] = {"children": [], "wd": None}
@@ -194,10 +204,10 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     # throttles apply to the whole disks that hold the swap devices
     disks = sorted({block_device_for(dev) for dev in swaps}) if opts.swap_in_rate else []
     if opts.swap_out or opts.swap_in_rate:
-        tag = f"{CG_PREFIX}{os.getpid()}-{abs(hash(prefix)) % 10000}"
         for rank in range(opts.ranks):
             try:
-                cg = RunCgroup(f"{tag}-r{rank}").create(want_io=bool(opts.swap_in_rate))
+                cg = RunCgroup(cgroup_name(os.getpid(), abs(hash(prefix)) % 10000, rank)).create(
+                    want_io=bool(opts.swap_in_rate))
             except (CgroupError, OSError) as exc:
                 raise ReproError(f"cannot create a cgroup for the swap scenario: {exc} (needs root)") from None
             cleanup.push(f"cgroup {', '.join(map(str, cg.dirs))}", cg.remove)

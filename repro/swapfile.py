@@ -1,7 +1,10 @@
 """A temporary swap file for a reproduction (`--make-swap SIZE`), removed afterwards.
 
 The header is written here (linux/swap.h, union swap_header, version 1) and swapon/swapoff
-are libc calls, so no util-linux binary is needed on the node.
+are libc calls, so no util-linux binary is needed on the node. The file is named with the
+owner's pid (diag.leftovers.swap_file_name), so a run that is SIGKILLed leaves one that
+`hostpin repro cleanup` can tell from a running run's; a file that fails to become swap is
+removed at once.
 """
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["SwapFile", "SwapError", "write_swap_header", "active_swaps", "PREFIX"]
+from diag.leftovers import SWAP_PREFIX as PREFIX, swap_file_name
+
+__all__ = ["SwapFile", "SwapError", "write_swap_header", "active_swaps", "PREFIX", "MIN_PAGES"]
 
 PAGE = 4096
-PREFIX = "hostpin-swap-"
+MIN_PAGES = 10  # the kernel's minimum for a swap area
 SWAP_FLAG_PREFER = 0x8000
 SWAP_FLAG_PRIO_MASK = 0x7FFF
 
@@ -29,8 +34,8 @@ class SwapError(RuntimeError):
 
 def write_swap_header(fd: int, size: int) -> None:
     pages = size // PAGE
-    if pages < 10:
-        raise SwapError("a swap file needs at least 10 pages")
+    if pages < MIN_PAGES:
+        raise SwapError(f"a swap file needs at least {MIN_PAGES} pages ({MIN_PAGES * PAGE // 1024} KiB)")
     header = bytearray(PAGE)
     # bootbits[1024], then: version, last_page, nr_badpages, uuid[16], volume[16]
     header[1024:1036] = (1).to_bytes(4, "little") + (pages - 1).to_bytes(4, "little") + (0).to_bytes(4, "little")
@@ -47,18 +52,28 @@ def active_swaps() -> list[str]:
 
 class SwapFile:
     def __init__(self, directory: Path | str, size: int, priority: int = 32000):
-        self.path = Path(directory) / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = Path(directory) / swap_file_name(os.getpid(), uuid.uuid4().hex[:8])
         self.size = size // PAGE * PAGE
         self.priority = priority
         self.active = False
 
     def create(self) -> "SwapFile":
-        fs = os.statvfs(self.path.parent)
+        if self.size // PAGE < MIN_PAGES:
+            raise SwapError(f"a swap file needs at least {MIN_PAGES} pages ({MIN_PAGES * PAGE // 1024} KiB); "
+                            "give a larger --make-swap")
+        try:
+            fs = os.statvfs(self.path.parent)
+        except OSError as exc:
+            raise SwapError(f"cannot use {self.path.parent} for a swap file: {exc.strerror}; choose another "
+                            "--swap-dir") from None
         free = fs.f_bavail * fs.f_frsize
         if free < self.size + (1 << 30):
             raise SwapError(f"{self.path.parent} has {free >> 20} MiB free; a {self.size >> 20} MiB swap file "
                             "needs that plus 1 GiB; choose another --swap-dir")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise SwapError(f"cannot create {self.path}: {exc.strerror}; choose another --swap-dir") from None
         try:
             try:
                 os.posix_fallocate(fd, 0, self.size)
@@ -66,8 +81,11 @@ class SwapFile:
                 raise SwapError(f"cannot allocate {self.path}: {exc.strerror}") from None
             write_swap_header(fd, self.size)
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            self.path.unlink(missing_ok=True)  # never leave a file that did not become swap
+            raise
+        os.close(fd)
         flags = SWAP_FLAG_PREFER | (self.priority & SWAP_FLAG_PRIO_MASK)
         if _libc.swapon(str(self.path).encode(), flags) != 0:
             err = ctypes.get_errno()

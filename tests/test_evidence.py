@@ -68,7 +68,8 @@ def test_a_killed_run_keeps_everything_written_so_far(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script])
     assert proc.returncode == -signal.SIGKILL
     manifest = load_manifest(tmp_path / "r")
-    assert manifest["complete"] is False
-    assert [e["path"] for e in manifest["entries"]] == ["one.txt", "two.txt"]
+    assert manifest["complete"] is False and manifest["partial"] is True and manifest["command"] == "test"
+    assert [e["path"] for e in manifest["entries"]] == ["one.txt", "timeline.jsonl", "two.txt"]
+    assert manifest["entries"][1]["open"] is True  # the stream it was writing, accounted for at once
     assert (tmp_path / "r" / "timeline.jsonl").read_text() == '{"t": 0.5}\n'
     assert verify_manifest(tmp_path / "r") == []

@@ -147,7 +147,7 @@ def test_a_tampered_bundle_is_reported_and_a_hostile_one_refused(tmp_path):
         info = tarfile.TarInfo("../../etc/x")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(RunError, match="outside the bundle"):
+    with pytest.raises(RunError, match="outside"):
         open_run_path(tmp_path / "evil.tar.gz")
 
 

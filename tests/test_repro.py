@@ -36,18 +36,34 @@ needs_cgroups = pytest.mark.skipif(_cgroups_usable() is not None, reason=f"cgrou
 
 
 def repro(tmp_path, *args, timeout=180):
-    r = hostpin("repro", "register", "--json", "--out", str(tmp_path / "runs"), *args, timeout=timeout)
+    # --ignore-leftovers: on a shared machine another run's leftovers must not make these refuse
+    # (test_leftovers.py tests the refusal)
+    r = hostpin("repro", "register", "--json", "--out", str(tmp_path / "runs"), "--ignore-leftovers", *args,
+                timeout=timeout)
     assert "Traceback" not in r.stderr, r.stderr
     return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
 
 
-def assert_nothing_left(run_dir: str | Path | None = None):
-    assert not [s for s in active_swaps() if SWAP_PREFIX in s], open("/proc/swaps").read()
-    assert leftover_cgroups() == []
-    for path in Path("/var/tmp").glob(f"{SWAP_PREFIX}*"):
-        pytest.fail(f"swap file left behind: {path}")
-    if run_dir:
-        assert verify_manifest(run_dir) == []
+def run_owners(run_dir: str | Path) -> set[int]:
+    """The pids whose names a run's swap files, cgroups and /dev/shm files carry: the run's own
+    (in its manifest) and its children's (in its result)."""
+    manifest = load_manifest(run_dir)
+    pids = {manifest["pid"]} if manifest.get("pid") else set()
+    result = Path(run_dir, "result.json")
+    if result.exists():
+        pids |= {r["pid"] for r in json.loads(result.read_text()).get("ranks", []) if r.get("pid")}
+    return pids
+
+
+def assert_nothing_left(run_dir: str | Path):
+    """Nothing of this run is left: its own swap files, cgroups, throttles and /dev/shm files
+    (other runs on this shared machine hold theirs), and its evidence matches its manifest."""
+    from diag.leftovers import find_leftovers
+    owners = run_owners(run_dir)
+    assert owners, f"{run_dir} does not say which process made it"
+    mine = [x.describe() for x in find_leftovers() if x.pid in owners]
+    assert mine == [], mine
+    assert verify_manifest(run_dir) == []
 
 
 def test_clean_mlock_pin(tmp_path):
@@ -66,6 +82,10 @@ def test_clean_mlock_pin(tmp_path):
     manifest = load_manifest(run)
     kinds = {e["kind"] for e in manifest["entries"]}
     assert {"timeline", "events", "child-log", "result"} <= kinds
+    import stat
+    modes = {str(p.relative_to(run)): oct(stat.S_IMODE(p.lstat().st_mode)) for p in run.rglob("*")}
+    assert {k: m for k, m in modes.items() if m != ("0o700" if (run / k).is_dir() else "0o600")} == {}
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # issue 11, case 15: the child's log too
     assert_nothing_left(run)
 
 
@@ -152,7 +172,7 @@ def test_bad_combinations_are_usage_errors(tmp_path, args, needle):
 
 
 def test_matrix_without_a_gpu(tmp_path):
-    r = hostpin("repro", "register", "--matrix", "--size", "32MiB", "--json", "--out", str(tmp_path))
+    r = hostpin("repro", "register", "--matrix", "--size", "32MiB", "--json", "--out", str(tmp_path), "--ignore-leftovers")
     res = json.loads(r.stdout)
     rows = {x["case"]: x for x in res["rows"]}
     assert len(rows) == 9
@@ -162,7 +182,7 @@ def test_matrix_without_a_gpu(tmp_path):
         elif not Path("/proc/driver/nvidia/version").exists():
             assert row["outcome"] == "skipped" and "no NVIDIA driver" in row["verdict"]
     assert rows["mlock-thpoff-pfoff"]["bound"] in ("fault-in/zeroing", "cpu", None)
-    r2 = hostpin("repro", "register", "--matrix", "--size", "32MiB", "--out", str(tmp_path))
+    r2 = hostpin("repro", "register", "--matrix", "--size", "32MiB", "--out", str(tmp_path), "--ignore-leftovers")
     assert "method" in r2.stdout and "GiB/s" in r2.stdout and r2.returncode == 0
 
 
@@ -172,7 +192,7 @@ def test_matrix_without_a_gpu(tmp_path):
 def test_cleanup_after_a_signal(tmp_path, sig):
     """Interrupt a slow swap-bound run in the middle of its pin: everything must be removed."""
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "repro", "register", "--json", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "repro", "register", "--json", "--out", str(out), "--ignore-leftovers",
                              "--size", "128MiB", "--method", "mlock", "--make-swap", "512MiB", "--swap-out", "96MiB",
                              "--swap-in-rate", "2MB/s", "--deadline", "120"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -186,7 +206,7 @@ def test_cleanup_after_a_signal(tmp_path, sig):
         time.sleep(0.1)
     assert events is not None, "the run never reached its pin"
     time.sleep(0.5)
-    assert any(SWAP_PREFIX in s for s in active_swaps()) and leftover_cgroups()
+    assert any(f"{SWAP_PREFIX}{proc.pid}-" in s for s in active_swaps()) and leftover_cgroups(owner=proc.pid)
     child_pid = json.loads(events.read_text().splitlines()[0])["pid"]
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
@@ -206,7 +226,7 @@ def test_an_unkillable_child_is_reported_and_the_run_still_finishes(tmp_path):
     if not (freezer / "cgroup.procs").exists():
         pytest.skip("no cgroup v1 freezer on this machine (v2 freezes killably)")
     out = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "repro", "register", "--json", "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "repro", "register", "--json", "--out", str(out), "--ignore-leftovers",
                              "--size", "64MiB", "--method", "mlock", "--source", "uffd", "--no-prefault",
                              "--no-calibrate", "--stall-after", "2", "--deadline", "120"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -102,7 +102,7 @@ def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[in
 
 
 def all_checks() -> list[Check]:
-    from . import cotenants, fragmentation, memory, platform  # noqa: F401  (registration on import)
+    from . import cotenants, fragmentation, leftovers, memory, platform  # noqa: F401  (registration on import)
     return list(_REGISTRY)
 
 

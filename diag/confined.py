@@ -1,0 +1,393 @@
+"""Reading and writing inside one directory without ever following a link.
+
+Run directories, captured trees and unpacked bundles come from other people. Everything here
+works relative to a base directory opened once: each path is normalised and must stay inside,
+each component is opened relative to its parent's descriptor with O_NOFOLLOW, so neither the
+file nor any directory on the way can be a symbolic link; only regular files are read, every
+read is bounded, and files are created with O_EXCL (or written to a new temporary name and
+renamed, which replaces a link rather than following it).
+
+>>> normalize("root/proc/./meminfo")
+'root/proc/meminfo'
+>>> normalize("result.jsonX/../../../../etc/shadow")
+Traceback (most recent call last):
+...
+diag.confined.PathRefused: 'result.jsonX/../../../../etc/shadow' leads outside the directory
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import posixpath
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
+           "write_file_at", "read_json_object"]
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+
+
+class PathRefused(ValueError):
+    """A path that leaves the directory, goes through a link, or names something not a regular file."""
+
+
+class TooLarge(PathRefused):
+    """More bytes or files than the limits allow."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one run or bundle may make hostpin read: bytes per file, bytes in all, files."""
+    total_bytes: int = 1 << 30
+    files: int = 20_000
+    file_bytes: int = 256 << 20
+
+    @classmethod
+    def for_total(cls, total_bytes: int | None = None, files: int | None = None) -> "Limits":
+        """--max-size raises the per-file cap with it (a quarter of the total, at least 256 MiB)."""
+        total = total_bytes or cls.total_bytes
+        return cls(total_bytes=total, files=files or cls.files, file_bytes=min(total, max(256 << 20, total // 4)))
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def normalize(rel: object) -> str:
+    """A relative path that stays inside its directory, in normal form; PathRefused otherwise."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise PathRefused(f"{rel!r} is not a path")
+    if rel.startswith("/"):
+        raise PathRefused(f"{rel!r} is absolute; only paths inside the directory are read")
+    norm = posixpath.normpath(rel)
+    if norm == ".." or norm.startswith("../"):
+        raise PathRefused(f"{rel!r} leads outside the directory")
+    if norm == ".":
+        raise PathRefused(f"{rel!r} names the directory itself, not a file in it")
+    return norm
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+class Dir:
+    """A directory opened once; every path below it is reached without following a link."""
+
+    def __init__(self, path: Path | str, fd: int, limits: Limits = DEFAULT_LIMITS):
+        self.path = Path(path)
+        self.fd = fd
+        self.limits = limits
+        self.bytes_read = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "Dir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- walking --------------------------------------------------------------------------------
+    def _refuse_link(self, parent: int, name: str, shown: str) -> PathRefused:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return PathRefused(f"{shown}: cannot be opened without following a link")
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(name, dir_fd=parent)
+            except OSError:
+                target = "?"
+            return PathRefused(f"{shown} is a symbolic link (to {target!r}): not followed")
+        return PathRefused(f"{shown} is {_kind(st.st_mode)}")
+
+    def _parent(self, rel: str, create: bool = False) -> tuple[int, str]:
+        """(descriptor of rel's directory, rel's last name); the caller closes the descriptor."""
+        parts = rel.split("/")
+        fd = os.dup(self.fd)
+        try:
+            for i, part in enumerate(parts[:-1]):
+                if create:
+                    try:
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    nxt = os.open(part, _DIRFLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise self._refuse_link(fd, part, "/".join(parts[:i + 1])) from None
+                    raise
+                os.close(fd)
+                fd = nxt
+            return fd, parts[-1]
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """The entry itself (a link is not followed), or None when it is absent or unreachable."""
+        rel = normalize(rel)
+        try:
+            parent, name = self._parent(rel)
+        except (OSError, PathRefused):
+            return None
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(parent)
+
+    def is_file(self, rel: str) -> bool:
+        st = self.lstat(rel)
+        return st is not None and stat.S_ISREG(st.st_mode)
+
+    def is_dir(self, rel: str) -> bool:
+        st = self.lstat(rel)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def open_file(self, rel: str) -> int:
+        """A read descriptor of a regular file at rel (PathRefused for a link or anything else)."""
+        rel = normalize(rel)
+        parent, name = self._parent(rel)
+        try:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _NOFOLLOW, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                    raise self._refuse_link(parent, name, rel) from None
+                raise
+        finally:
+            os.close(parent)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise PathRefused(f"{rel} is {_kind(st.st_mode)}, not a regular file: not read")
+        return fd
+
+    def _account(self, n: int, rel: str) -> None:
+        self.bytes_read += n
+        if self.bytes_read > self.limits.total_bytes:
+            raise TooLarge(f"reading {rel} passes the limit of {self.limits.total_bytes:,} bytes for one run "
+                           "(--max-size raises it)")
+
+    def read_bytes(self, rel: str, limit: int | None = None, tail: bool = False) -> bytes:
+        """The file's bytes. limit=None: the whole file, which must be within the per-file cap;
+        limit=N: at most N bytes from the start (or the end, with tail=True)."""
+        fd = self.open_file(rel)
+        try:
+            size = os.fstat(fd).st_size
+            if limit is None:
+                if size > self.limits.file_bytes:
+                    raise TooLarge(f"{rel} is {size:,} bytes, over the limit of {self.limits.file_bytes:,} for one "
+                                   "file (--max-size raises it)")
+                want = self.limits.file_bytes + 1
+            else:
+                want = min(limit, self.limits.file_bytes)
+                if tail and size > want:
+                    os.lseek(fd, size - want, os.SEEK_SET)
+            chunks, total = [], 0
+            while total < want:
+                piece = os.read(fd, min(1 << 20, want - total))
+                if not piece:
+                    break
+                chunks.append(piece)
+                total += len(piece)
+                self._account(len(piece), rel)
+            data = b"".join(chunks)
+            if limit is None and len(data) > self.limits.file_bytes:
+                raise TooLarge(f"{rel} grew past the limit of {self.limits.file_bytes:,} bytes while it was read")
+            return data
+        finally:
+            os.close(fd)
+
+    def read_text(self, rel: str, limit: int | None = None, tail: bool = False) -> str:
+        return self.read_bytes(rel, limit, tail).decode("utf-8", errors="replace")
+
+    def hash_file(self, rel: str) -> tuple[int, str]:
+        """(size, sha256) read in pieces, bounded by the limits."""
+        fd = self.open_file(rel)
+        try:
+            h, size = hashlib.sha256(), 0
+            while True:
+                piece = os.read(fd, 1 << 20)
+                if not piece:
+                    break
+                size += len(piece)
+                if size > self.limits.file_bytes:
+                    raise TooLarge(f"{rel} is over the limit of {self.limits.file_bytes:,} bytes for one file "
+                                   "(--max-size raises it)")
+                self._account(len(piece), rel)
+                h.update(piece)
+            return size, h.hexdigest()
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names in a directory reached without links ([] when it is not one)."""
+        try:
+            if rel in ("", "."):
+                fd = os.dup(self.fd)
+            else:
+                rel = normalize(rel)
+                parent, name = self._parent(rel)
+                try:
+                    fd = os.open(name, _DIRFLAGS, dir_fd=parent)
+                finally:
+                    os.close(parent)
+        except (OSError, PathRefused):
+            return []
+        try:
+            return sorted(os.listdir(fd))
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+
+    def readlink(self, rel: str) -> str | None:
+        """The target string of a link (never followed), or None."""
+        try:
+            rel = normalize(rel)
+            parent, name = self._parent(rel)
+        except (OSError, PathRefused):
+            return None
+        try:
+            return os.readlink(name, dir_fd=parent)
+        except OSError:
+            return None
+        finally:
+            os.close(parent)
+
+    def walk(self) -> list[tuple[str, os.stat_result]]:
+        """Every entry below the directory (rel path, lstat), links not followed, sorted."""
+        out: list[tuple[str, os.stat_result]] = []
+
+        def visit(fd: int, prefix: str) -> None:
+            for name in sorted(os.listdir(fd)):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                rel = f"{prefix}{name}"
+                out.append((rel, st))
+                if stat.S_ISDIR(st.st_mode):
+                    sub = os.open(name, _DIRFLAGS, dir_fd=fd)
+                    try:
+                        visit(sub, rel + "/")
+                    finally:
+                        os.close(sub)
+                if len(out) > self.limits.files:
+                    raise TooLarge(f"more than {self.limits.files:,} files (--max-files raises the limit)")
+
+        visit(self.fd, "")
+        return out
+
+    # -- writing --------------------------------------------------------------------------------
+    def write_new(self, rel: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
+        """Create rel (and its directories, 0700) with O_EXCL|O_NOFOLLOW: never over anything."""
+        rel = normalize(rel)
+        parent, name = self._parent(rel, create=True)
+        try:
+            write_file_at(parent, name, data, mode, durable)
+        finally:
+            os.close(parent)
+
+    def replace(self, rel: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
+        """Write a new temporary file next to rel and rename it over rel (a link there is
+        replaced, never followed)."""
+        rel = normalize(rel)
+        parent, name = self._parent(rel, create=True)
+        tmp = f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            write_file_at(parent, tmp, data, mode, durable)
+            try:
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException:
+                os.unlink(tmp, dir_fd=parent)
+                raise
+            if durable:
+                os.fsync(parent)
+        finally:
+            os.close(parent)
+
+    def open_new(self, rel: str, append: bool = False, mode: int = 0o600) -> int:
+        """A write descriptor of a file created now (O_EXCL); append=True opens an existing
+        regular file for appending instead (never through a link)."""
+        rel = normalize(rel)
+        parent, name = self._parent(rel, create=True)
+        try:
+            # O_NONBLOCK: a named pipe planted there fails at once (ENXIO) instead of hanging
+            flags = os.O_WRONLY | _NOFOLLOW | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+            flags |= os.O_APPEND if append else os.O_EXCL
+            try:
+                fd = os.open(name, flags, mode, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO):
+                    raise self._refuse_link(parent, name, rel) from None
+                raise
+        finally:
+            os.close(parent)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise PathRefused(f"{rel} is not a regular file: not written")
+        os.set_blocking(fd, True)
+        return fd
+
+    def makedirs(self, rel: str) -> None:
+        rel = normalize(rel)
+        parent, name = self._parent(rel + "/x", create=True)
+        os.close(parent)
+
+
+def open_dir(path: Path | str, limits: Limits = DEFAULT_LIMITS, follow_last: bool = True) -> Dir:
+    """Open a directory the user named. follow_last=False refuses it when it is itself a link
+    (a directory found inside a run, such as its root/)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow_last else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+            raise PathRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}): not followed") from None
+        raise
+    return Dir(path, fd, limits)
+
+
+def write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+
+
+def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS) -> dict | None:
+    """A JSON object from base/rel read without links, or None (absent, refused, not an object)."""
+    import json
+    try:
+        with open_dir(base, limits) as d:
+            value = json.loads(d.read_bytes(rel))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
