@@ -11,7 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from .facts import FACT_LABELS
-from .results import preflight_result, repro_result
+from .results import StagingResult, load_result, preflight_result, repro_result
 from .runs import Run
 from .units import format_bytes, format_duration
 
@@ -54,10 +54,10 @@ def run_figures(run: Run) -> dict[str, Any]:
     if r.get("command") == "repro staging" and (r.get("summary") or {}).get("repeats"):
         side = r["summary"]["sides"]["pageable"]["hidden_total_bytes"]
         out["staging_pageable_hidden_mib"] = side["median"] / (1 << 20)
-    elif r.get("command") == "repro staging" and r.get("schema_version"):  # corrected figures, per side
-        for name, side in (r.get("sides") or {}).items():
-            if side.get("retained_bytes") is not None:
-                out[f"staging_{name}_retained_mib"] = side["retained_bytes"] / (1 << 20)
+    elif isinstance(staging := load_result(r), StagingResult):  # corrected figures, per side
+        for name, side in staging.sides.items():
+            if side.retained_bytes is not None:
+                out[f"staging_{name}_retained_mib"] = side.retained_bytes / (1 << 20)
     return out
 
 

@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "result_dict", "write_result",
+__all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "SideFigures", "StagingResult",
+           "result_dict", "write_result",
            "load_result", "preflight_result", "repro_result"]
 
 
@@ -197,7 +198,69 @@ class ReproRegisterResult(Result):
         return result
 
 
-_SCHEMAS = {PreflightResult.SCHEMA: PreflightResult, ReproRegisterResult.SCHEMA: ReproRegisterResult}
+@dataclass
+class SideFigures:
+    """One side of a staging measurement (bytes); the first five fields are the JSON contract."""
+    retained_bytes: float | None
+    retained_range_bytes: list
+    noise_bytes: int | None
+    attribution: dict[str, float | None]
+    throughput_gb_s: float | None
+    beyond_control_bytes: float | None = None
+    beyond_control_range_bytes: list | None = None
+    attributed: bool = False
+    first_burst_bytes: float | None = None
+    uncorrected_bytes: float | None = None
+    uncorrected_range_bytes: list | None = None
+    bursts: int = 0
+
+
+@dataclass
+class StagingResult(Result):
+    """`hostpin repro staging`'s result (schema 2: corrected for per-CPU lists, with a control arm).
+    Results recorded by the first version (no schema) stay dicts: they are uncorrected."""
+    SCHEMA: ClassVar[str] = "hostpin.repro.staging"
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    outcome: str
+    verdict: str
+    sides: dict[str, SideFigures] = field(default_factory=dict)
+    corrections: list[dict] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    run_dir: str = ""
+    sequence: list[str] = field(default_factory=list)
+    facts: dict | None = None
+    repeats: int = 0
+    failures: list[dict] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)   # run-level: reset, exit, hold, drift, confounders seen
+    reserve_bytes: int | None = None
+    reserve_hint: str | None = None
+    exit_code: int | None = None
+    tool: str = "hostpin"
+    command: str = "repro staging"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "StagingResult":
+        side_names = {f.name for f in dataclasses.fields(SideFigures)}
+        sides = {}
+        for name, s in (data.get("sides") or {}).items():
+            if isinstance(s, dict):
+                kw = {k: v for k, v in s.items() if k in side_names}
+                kw.setdefault("retained_bytes", None)
+                kw.setdefault("retained_range_bytes", [None, None])
+                kw.setdefault("noise_bytes", None)
+                kw.setdefault("attribution", {})
+                kw.setdefault("throughput_gb_s", None)
+                sides[name] = SideFigures(**kw)
+        names = {f.name for f in dataclasses.fields(cls)} - {"sides"}
+        kwargs = {k: data[k] for k in names if k in data}
+        kwargs.setdefault("outcome", data.get("outcome") or "unknown")
+        kwargs.setdefault("verdict", data.get("verdict") or "")
+        return cls(sides=sides, **kwargs)
+
+
+_SCHEMAS = {PreflightResult.SCHEMA: PreflightResult, ReproRegisterResult.SCHEMA: ReproRegisterResult,
+            StagingResult.SCHEMA: StagingResult}
 
 
 def load_result(data: Any) -> Result | dict[str, Any]:

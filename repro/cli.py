@@ -192,6 +192,8 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     """
     import json as _json
 
+    from diag.results import write_result
+
     from .register import exit_code_for
     from .render import render_staging
     from .staging import StagingOptions, parse_sides, run_staging
@@ -209,8 +211,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     progress = (lambda text: click.echo(f"hostpin repro staging: {text}", err=True)) if sys.stderr.isatty() else None
     result = run_staging(opts, run, progress=progress)
     result.exit_code = exit_code_for(result.outcome)
-    doc = result.to_dict()
-    run.finish(doc)
+    doc = write_result(run, result)
     click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
     return result.exit_code
 

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from diag.cuda import child_env
 from diag.evidence import RunDir
+from diag.results import SideFigures, StagingResult
 from diag.facts import node_facts
 from diag.memacct import KERNEL_KEYS, corrected_in_use, corrections, in_use, memcg_dir, page_reporting_active
 from diag.meminfo import read_meminfo
@@ -416,49 +417,7 @@ def reserve_hint(summary: dict) -> str | None:
             f"hostpin preflight --size SIZE --ranks N --reserve {m}MiB")
 
 
-# -- the result ----------------------------------------------------------------------------------
-@dataclass
-class SideFigures:
-    """One side's figures (bytes); the first five fields are the JSON contract."""
-    retained_bytes: float | None
-    retained_range_bytes: list
-    noise_bytes: int | None
-    attribution: dict[str, float | None]
-    throughput_gb_s: float | None
-    beyond_control_bytes: float | None = None
-    beyond_control_range_bytes: list | None = None
-    attributed: bool = False
-    first_burst_bytes: float | None = None
-    uncorrected_bytes: float | None = None
-    uncorrected_range_bytes: list | None = None
-    bursts: int = 0
-
-
-@dataclass
-class StagingResult:
-    SCHEMA: ClassVar[str] = "hostpin.repro.staging"
-    SCHEMA_VERSION: ClassVar[int] = 2
-
-    outcome: str
-    verdict: str
-    sides: dict[str, SideFigures] = field(default_factory=dict)
-    corrections: list[dict] = field(default_factory=list)
-    options: dict = field(default_factory=dict)
-    run_dir: str = ""
-    sequence: list[str] = field(default_factory=list)
-    facts: dict | None = None
-    repeats: int = 0
-    failures: list[dict] = field(default_factory=list)
-    figures: dict = field(default_factory=dict)   # run-level: reset, exit, hold, drift, confounders seen
-    reserve_bytes: int | None = None
-    reserve_hint: str | None = None
-    exit_code: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema": self.SCHEMA, "schema_version": self.SCHEMA_VERSION, "tool": "hostpin",
-                "command": "repro staging", **asdict(self)}
-
-
+# -- the result: diag.results.StagingResult (report and compare read its fields) ------------------
 def side_figures(summary: dict) -> dict[str, SideFigures]:
     out = {}
     for side, s in (summary.get("sides") or {}).items():

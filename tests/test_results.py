@@ -68,3 +68,19 @@ def test_the_binding_is_a_field_not_a_sentence(tree):
 def test_repro_failed_catalog_field():
     data = json.loads((FIXTURES / "h200-repro-fileshared-fail" / "result.json").read_text())
     assert load_result(data).failed_catalog == [9]
+
+
+def test_staging_results_recorded_on_the_h200_load_typed_and_round_trip():
+    """Staging results of schema 2 are StagingResult (report and compare read their fields); the
+    first version's results (no schema, uncorrected) stay dicts rather than being dressed up."""
+    import json
+    from diag.results import SideFigures, StagingResult, load_result, result_dict
+    from conftest import FIXTURES
+    for case in sorted((FIXTURES / "h200-staging-8").iterdir()):
+        data = json.loads((case / "result.json").read_text())
+        typed = load_result(data)
+        assert isinstance(typed, StagingResult), case.name
+        assert all(isinstance(s, SideFigures) for s in typed.sides.values())
+        assert result_dict(typed) == data, case.name
+    old = json.loads(next((FIXTURES / "h200-staging").glob("*/result.json")).read_text())
+    assert isinstance(load_result(old), dict)
