@@ -319,3 +319,8 @@ def compare(runs, fmt, as_json):
         for r in opened:
             r.close()
     return EXIT_OK
+
+
+from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)
+
+cli.add_command(_watch)
