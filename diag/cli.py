@@ -86,12 +86,16 @@ def json_option(f):
 
 def open_run(out: Path | None, command: str, durable: bool = False):
     from .evidence import RunDir, new_run_dir
-    path = new_run_dir(out, command)
-    try:
-        return RunDir(path, command, sys.argv, durable=durable)
-    except OSError as exc:
-        raise click.ClickException(f"cannot create the run directory {path}: {exc.strerror}; "
-                                   "choose another with --out")
+    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
+        path = new_run_dir(out, command)
+        try:
+            return RunDir(path, command, sys.argv, durable=durable)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise click.ClickException(f"cannot create the run directory {path}: {exc.strerror}; "
+                                       "choose another with --out")
+    raise click.ClickException(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -15,6 +15,7 @@ result keeps. Progress is counted on one basis:
 - ``swap``: the total less the pages still in the process's VmSwap.
 - ``auto`` (a process hostpin did not start): swap while the bound is swap-in, else shmem
   when it grows, else resident, else pins.
+- ``vm:COUNTER``: any counter of the samples' "vm" (a recorded timeline's own progress).
 """
 from __future__ import annotations
 
@@ -38,15 +39,15 @@ def _pins(sample: dict) -> int:
     return vm.get("nr_foll_pin_acquired", 0) - vm.get("nr_foll_pin_released", 0)
 
 
-def progress_signature(sample: dict, pids=None) -> tuple:
+def progress_signature(sample: dict, pids=None, pins: bool = False) -> tuple:
     """What must move for a pin to count as progressing: the targets' own memory, faults and
-    reads first, then pins and swap traffic (system-wide)."""
-    vm = sample.get("vm") or {}
+    disk reads; with `pins`, also pins outstanding (system-wide: for a register, whose
+    resident pages move nothing of the process's own)."""
     faults = sum((p.get("minflt") or 0) + (p.get("majflt") or 0) for pid, p in (sample.get("procs") or {}).items()
                  if pids is None or str(pid) in pids or pid in pids)
     return (targets_sum(sample, "vm_swap", pids), targets_sum(sample, "vm_rss", pids),
-            targets_sum(sample, "rss_shmem", pids), targets_sum(sample, "read_bytes", pids), faults, _pins(sample),
-            vm.get("pswpin", 0) + vm.get("zswpin", 0), vm.get("pswpout", 0))
+            targets_sum(sample, "rss_shmem", pids), targets_sum(sample, "read_bytes", pids), faults,
+            _pins(sample) if pins else 0)
 
 
 class Tracker:
@@ -75,6 +76,7 @@ class Tracker:
         self.eta_first: dict | None = None  # the first ETA given, with or without a known total
         self.shared: list[str] = []
         self.progress: dict[str, Any] = {}
+        self.at_end: dict[str, Any] | None = None
         self.basis: str | None = None
         self._first: dict | None = None
         self._first_inside: dict | None = None
@@ -100,9 +102,11 @@ class Tracker:
             "rss0": targets_sum(sample, "vm_rss", self.pids),
             "shm0": targets_sum(sample, "rss_shmem", self.pids),
         }
+        if self.basis_wanted.startswith("vm:"):
+            self._bases[self.basis_wanted] = (sample.get("vm") or {}).get(self.basis_wanted[3:], 0)
         self.done_hist = [(sample["t"], self._done(sample, None)[0])]
         self.last_progress_t = sample["t"]
-        self._last_sig = progress_signature(sample, self.pids)
+        self._last_sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
 
     def end(self, sample: dict) -> None:
         self.t_end = sample["t"]
@@ -148,6 +152,8 @@ class Tracker:
             return self.expected - min(self.expected, swap)
         if basis == "pins":
             done = _pins(sample) - b["pins"]
+        elif basis.startswith("vm:"):
+            done = (sample.get("vm") or {}).get(basis[3:], 0) - b.get(basis, 0)
         elif basis == "shmem":
             done = (targets_sum(sample, "rss_shmem", self.pids) - b["shmem"]) // page
         else:
@@ -218,11 +224,13 @@ class Tracker:
                 and eta["eta_s"] is not None):
             self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": round(pct, 2),
                               "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
-        sig = progress_signature(sample, self.pids)
+        sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
         if sig != self._last_sig:
             self._last_sig = sig
             self.last_progress_t = t
         self.progress = prog
+        if self.t_end is not None and self.at_end is None:
+            self.at_end = prog  # the first sample after the return: what the pin left (an undo may follow)
         return prog
 
     def _rate(self, t: float) -> float | None:
@@ -248,7 +256,7 @@ class Tracker:
                 "first_bound_reason": self.first_bound["reason"] if self.first_bound else None,
                 "first_bound_at_s": round(self.first_bound_at, 3) if self.first_bound_at is not None else None,
                 "catalog": catalog_for(bound, stack), "eta_at_20pct": self.eta_at_20, "eta_first": self.eta_first,
-                "pinned_pages": self.progress.get("pinned_pages"), "expected_pages": self.expected,
+                "pinned_pages": (self.at_end or self.progress).get("pinned_pages"), "expected_pages": self.expected,
                 "progress_basis": self.basis, "seen_start": self.seen_start,
                 "seconds": round(self.elapsed, 3) if self.elapsed is not None else None,
                 "rate_pages_s": self._phase_rate(),
