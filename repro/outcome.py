@@ -12,6 +12,7 @@ from typing import Any
 from diag.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEVALUATED
 from diag.kernel import parse_release
 from diag.units import GiB, format_bytes, format_duration
+from diag.watch.render import cause_sentence
 
 from .children import Child
 
@@ -195,15 +196,9 @@ def _cause(opts, r: dict) -> str | None:
         return f"the region was read from {opts.source[5:] if opts.source.startswith('file:') else 'its file'}{rate}{copy}"
     if bound == "fault-in/zeroing":
         return "the region was faulted in and zeroed during the pin" + ("" if opts.prefault else " (--no-prefault)")
-    if bound == "compaction":
-        return "huge-page faults stalled in direct compaction"
-    if bound == "migration":
-        return "pages were migrated out of movable/CMA memory before pinning"
     if bound == "reclaim":
         return "each allocation waited on memory reclaim" + (
             " in the run's memory cgroup" if "mem_cgroup" in str(r.get("bound_frame")) else "")
-    if bound == "iommu":
-        return "the driver mapped every page through the IOMMU (catalog 13)"
     if bound == "driver-lock":
         if opts.ranks > 1 and r.get("clean_rate_gib_s"):
             each = opts.size / GiB / r["seconds"]
@@ -219,4 +214,4 @@ def _cause(opts, r: dict) -> str | None:
         return "the kernel pinned every page quickly; the rest was the driver mapping them after pin_user_pages"
     if bound == "lock wait":
         return f"the pin waited on a lock ({r.get('bound_reason')})"
-    return None
+    return cause_sentence(bound, figures)

@@ -134,10 +134,13 @@ def test_watch_pid_names_swap_in_and_predicts_the_end(node, tmp_path):
     assert verify_manifest(run) == []
     kinds = {e["path"]: e["kind"] for e in load_manifest(run)["entries"]}
     assert kinds["timeline.jsonl"] == "timeline" and kinds["stacks-start.txt"] == "stacks"
-    assert "do_swap_page" in (run / "stacks-start.txt").read_text()
+    assert f"### tid {target.proc.pid} state " in (run / "stacks-start.txt").read_text()  # a snapshot: R or D
     lines = (run / "timeline.jsonl").read_text().splitlines()
     assert len(lines) >= 10 and json.loads(lines[3])["progress"]["bound"] == "swap-in"
     assert a["watcher"]["cpu_pct_of_core"] < 5.0
+    report = hostpin("report", str(run), "--format", "text", "--no-picture")
+    assert report.returncode == 0 and "swap-in" in report.stdout
+    assert "Kernel stack" in report.stdout and "do_swap_page" in report.stdout.split("Kernel stack", 1)[1]
 
 
 @needs_node

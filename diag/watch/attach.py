@@ -141,5 +141,8 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
         outcome = "no-pin" if outcome != "interrupted" else outcome
     result.outcome = outcome
     finish_result(result, book, sampler, clock, samples)
+    if outcome == "exited" and result.main_phase is not None and result.main_phase.outcome == "completed":
+        result.outcome = outcome = "completed"
+        result.verdict = watch_verdict(result)
     result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(outcome, EXIT_FAIL)
     return result

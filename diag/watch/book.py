@@ -66,6 +66,9 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
     s = tr.summary()
     p = tr.progress
     outcome = "open" if ph.ended_t is None else ("completed" if ph.end_reason == "returned" else "exited")
+    inferred = outcome == "exited" and (p.get("pct") or 0) >= 99.5 and ph.end_reason == "process gone"
+    if inferred:  # every page was in when the process went away: the pin had done its work
+        outcome = "completed"
     size = size_bytes or ph.size_hint
     r = PhaseResult(pid=ph.pid, tid=ph.tid, comm=ph.comm, kind=ph.kind, started_s=round(ph.started_t, 3),
                     seen_start=ph.seen_start, outcome=outcome, seconds=s["seconds"], size_bytes=size,
@@ -84,6 +87,8 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
             r.eta_first_error = round((r.eta_first["predicted_total_s"] - r.seconds) / r.seconds, 4)
     if outcome == "completed" and s["rate_pages_s"] is not None:
         r.rate_pages_s = s["rate_pages_s"]  # over the whole phase, not the last window (which ends in the return)
+    if inferred:
+        r.notes.append("the process exited right after its pages were all in: the return is inferred from 100% done")
     if not ph.seen_start:
         r.notes.append("the pin had begun before hostpin attached: its time counts from the attach"
                        + ("; progress counts all of the process's memory of that kind" if tr.basis in

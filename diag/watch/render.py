@@ -12,7 +12,8 @@ from ..units import GiB, format_bytes, format_duration
 from .bounds import CATALOG
 from .result import PhaseResult, WatchResult
 
-__all__ = ["ProgressLine", "heartbeat_line", "cause_sentence", "phase_verdict", "watch_verdict", "render_watch"]
+__all__ = ["ProgressLine", "heartbeat_line", "cause_sentence", "phase_verdict", "watch_verdict", "render_watch",
+           "watch_body", "remedy_for"]
 
 
 class ProgressLine:
@@ -70,14 +71,14 @@ def heartbeat_line(pid: int, prog: dict[str, Any], page: int = 4096) -> str:
     return text + f" ({format_duration(prog.get('elapsed_s'))} in)"
 
 
-def cause_sentence(bound: str | None, ph: PhaseResult) -> str | None:
-    """What the bound means for this phase, with the process's own figures."""
-    f = ph.figures or {}
-    secs = f.get("seconds") or ph.seconds or 0
+def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float | None = None) -> str | None:
+    """What the bound means for a pin, with the process's own figures (Tracker.figures)."""
+    f = figures or {}
+    secs = f.get("seconds") or 0
     if bound == "swap-in":
         part = (f"{format_bytes(f['swap_at_start_bytes'])} of its memory was in swap and was"
                 if f.get("swap_at_start_bytes") else "swapped pages were")
-        rate = f.get("swapin_pages_s") or ph.rate_pages_s
+        rate = f.get("swapin_pages_s") or rate_pages_s
         return f"{part} read back one page at a time" + (f" at {rate:,.0f} pages/s" if rate else "")
     if bound == "file-read":
         read = f.get("read_bytes")
@@ -118,7 +119,7 @@ def phase_verdict(ph: PhaseResult, page: int = 4096) -> str:
     if ph.outcome == "completed":
         since = "" if ph.seen_start else " after hostpin attached"
         head = f"{who} pinned {size or 'its region'} in {format_duration(ph.seconds)}{since}"
-        cause = cause_sentence(ph.bound, ph)
+        cause = cause_sentence(ph.bound, ph.figures, ph.rate_pages_s)
         text = f"{head}, {why}" + (f": {cause}" if cause else "")
     else:
         where = f"{ph.pct:.0f}% of {size}" if ph.pct is not None and size else (size or "an unknown size")
@@ -174,12 +175,13 @@ def render_watch(r: WatchResult) -> str:
     if main is not None:
         rows = []
         for label, value in (
-                ("bound", main.bound), ("why", main.bound_reason),
+                ("bound", main.bound),
                 ("bound named after", f"{main.first_bound_at_s:.1f} s" if main.first_bound_at_s is not None else None),
                 ("pinned", f"{main.pinned_pages:,} of {main.expected_pages:,} pages ({main.progress_basis})"
                  if main.pinned_pages is not None and main.expected_pages else None),
                 ("rate", f"{main.rate_pages_s:,.0f} pages/s" if main.rate_pages_s else None),
-                ("ETA", format_duration(main.eta_s) if main.eta_s is not None else main.eta_basis),
+                ("ETA", (format_duration(main.eta_s) if main.eta_s is not None else main.eta_basis)
+                 if main.outcome == "open" else None),
                 ("ETA at 20% vs actual", f"{main.eta_error * 100:+.0f}%" if main.eta_error is not None else None),
                 ("size from", main.size_from), ("kind", main.kind)):
             if value:
@@ -203,3 +205,23 @@ def render_watch(r: WatchResult) -> str:
 
 def remedy_for(bound: str | None) -> str | None:
     return CATALOG.get(bound or "", (None, None))[1]
+
+
+def watch_body(r: dict[str, Any], md: bool) -> str:
+    """A watch's result.json as `hostpin report` shows it: the phases, the figures, the notes."""
+    fmt = "github" if md else "simple"
+    rows = [[p.get("pid"), p.get("kind") or "", format_duration(p.get("started_s")), format_duration(p.get("seconds")),
+             p.get("outcome"), p.get("bound") or "", f"{p['pct']:.0f}%" if p.get("pct") is not None else "",
+             f"{p['rate_pages_s']:,.0f}" if p.get("rate_pages_s") else "",
+             f"{100 * p['eta_error']:+.0f}%" if p.get("eta_error") is not None else "",
+             p.get("catalog") or ""] for p in r.get("phases") or []]
+    out = (tabulate(rows, headers=["pid", "kind", "at", "took", "outcome", "bound", "done", "pages/s",
+                                   "ETA at 20% vs end", "catalog"], tablefmt=fmt) + "\n") if rows else "No pin phase.\n"
+    for p in r.get("phases") or []:
+        if p.get("bound_reason"):
+            out += f"\npid {p['pid']} {p.get('bound')}: {p['bound_reason']}\n"
+    if r.get("remedy"):
+        out += f"\nremedy: {r['remedy']}\n"
+    for note in (r.get("notes") or []) + [n for p in r.get("phases") or [] for n in p.get("shared_counters", [])]:
+        out += f"\nnote: {note}\n"
+    return out

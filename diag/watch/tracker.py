@@ -199,7 +199,10 @@ class Tracker:
             self.done_hist.append((t, done))
             rate = self._rate(t)
         swap_left = targets_sum(sample, "vm_swap", self.pids) // self.page
-        eta = estimate_eta(inside, done, self.expected, swap_left, self.clean_pages_s, rate, self.pids, self.page)
+        if len(inside) >= 2 and inside[-1]["t"] - inside[0]["t"] >= self.window_s / 2 - 1e-6:
+            eta = estimate_eta(inside, done, self.expected, swap_left, self.clean_pages_s, rate, self.pids, self.page)
+        else:  # one interval says little: disk throttles and readahead come in bursts
+            eta = {"eta_s": None, "eta_basis": None, "swapin_pages_s": None}
         elapsed = t - self.t0
         pct = (min(100.0, 100.0 * done / self.expected) if self.expected and done is not None else None)
         prog = {"pinned_pages": done, "expected_pages": self.expected, "pct": pct, "basis": basis,
