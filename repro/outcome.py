@@ -127,7 +127,8 @@ def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
     if tr is not None:
         figures = summary.get("figures") or {}
         span = max(1e-6, figures.get("seconds") or result.get("seconds") or 1e-6)
-        swapin = figures.get("swapped_in_bytes", 0) // sup.page
+        # the children's own swap-in (VmSwap); a shared-memory region's swap is not in VmSwap: system-wide then
+        swapin = figures.get("swapped_in_bytes", 0) // sup.page or figures.get("system_swapin_pages", 0)
         result["swapin_pages_during_pin"] = swapin
         result["swapin_pages_per_s"] = swapin / span
         result["pin_figures"] = figures

@@ -310,9 +310,15 @@ def _drive(opts: ReproOptions, sup: Supervisor, cgroups: list, result: dict) -> 
             _finish_early(opts, sup, result, stop)
             return
         swapped = []
-        for c in children:
+        for c, cg in zip(children, cgroups):
             st = read_status(c.pid)
-            swapped.append(st.vm_swap_bytes if st else None)
+            own = st.vm_swap_bytes if st else None
+            try:  # the cgroup counts a shared-memory region's swap too, which VmSwap does not
+                in_cgroup = cg.swap_bytes() if cg is not None else None
+            except (OSError, ValueError):
+                in_cgroup = None
+            swapped.append(max(x for x in (own, in_cgroup, -1) if x is not None) if (own, in_cgroup) != (None, None)
+                           else None)
         result["swapped_out_bytes"] = swapped
         result["swap_out_steps"] = outcomes
         if any(x is not None and x < 0.8 * opts.swap_out for x in swapped):

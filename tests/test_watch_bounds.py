@@ -244,6 +244,9 @@ RECORDED = [
     ("h200-repro-matrix16/cases/mlock-thpoff-pfoff", "mlock", "fault-in/zeroing", "fault-in/zeroing"),
     ("h200-repro-matrix16/cases/hostalloc-thpna-pfoff", "hostalloc", "fault-in/zeroing", "fault-in/zeroing"),
     ("ci-repro-file-read", "mlock", "file-read", "file-read"),  # recorded with this change (--read-rate)
+    # recorded with this change: a MAP_SHARED /dev/shm region, 192 MiB in swap: shmem_swapin_folio,
+    # and the process's VmSwap does not show it (the swap belongs to the shmem file)
+    ("ci-repro-shmem-swapin", "mlock", "swap-in", "swap-in"),
 ]
 
 
@@ -266,7 +269,8 @@ def test_recorded_timelines_keep_their_bounds(name, method, then, now):
         assert summary["first_bound_at_s"] <= 5.0
 
 
-@pytest.mark.parametrize("name", ["h200-repro-swap32", "ci-repro-swap-mlock", "ci-repro-file-read"])
+@pytest.mark.parametrize("name", ["h200-repro-swap32", "ci-repro-swap-mlock", "ci-repro-file-read",
+                                  "ci-repro-shmem-swapin"])
 def test_recorded_runs_eta_at_20_percent(name):
     result, samples = _recorded(FIXTURES / name)
     summary = _replay_recorded(result, samples, result["options"]["method"], result["seconds"])
@@ -332,3 +336,13 @@ def test_phase_book_without_a_size_uses_the_mlock_length():
     book.update(_thread(0.5, "D", pin, "mlock", 64 << 20))
     (ph, tr), = book.open.values()
     assert tr.expected == (64 << 20) // 4096 and ph.size_hint == 64 << 20
+
+
+def test_shmem_swap_in_is_not_in_vmswap():
+    """The recorded shmem run: the bound comes from the stack and the process's RssShmem and
+    disk reads, not from VmSwap (which stays ~0), and no 'another process' note is made."""
+    result, samples = _recorded(FIXTURES / "ci-repro-shmem-swapin")
+    summary = _replay_recorded(result, samples, "mlock", result["seconds"])
+    assert summary["bound_frame"] == "shmem_swapin_folio" and "RssShmem grows" in summary["bound_reason"]
+    assert summary["shared_counters"] == []
+    assert max(p.get("vm_swap") or 0 for s in samples for p in s["procs"].values() if s["phase"] == "pin") < 1 << 20

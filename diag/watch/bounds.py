@@ -214,11 +214,18 @@ def classify(window: list[dict], progress_pages_s: float | None = None, last_fra
     def figures(bound: str) -> list[str]:
         out = []
         if bound == "swap-in":
-            if sig["proc_swapin_pages_s"] is not None:
+            if own_swapin > 0:
                 out.append(f"its VmSwap falls {_fmt(own_swapin, 'pages/s')}")
+            elif sig["proc_shmem_pages_s"]:  # shared memory's swap is the file's, not in VmSwap
+                out.append(f"its RssShmem grows {_fmt(sig['proc_shmem_pages_s'], 'pages/s')} (shmem swap is not in "
+                           "VmSwap)")
+            if own_swapin <= 0 and read_bps:
+                out.append(f"it reads {read_bps / (1 << 20):,.1f} MiB/s from disk (read_bytes)")
             out.append(f"pswpin+zswpin {_fmt(sys_swapin, 'pages/s')} system-wide"
                        + (f" (zswap {sig['sys_zswpin_pages_s']:,.0f})" if sig["sys_zswpin_pages_s"] else ""))
-            note = _shared(sys_swapin, sig["proc_swapin_pages_s"], "swap-in")
+            own = None if sig["proc_swapin_pages_s"] is None else max(own_swapin, (read_bps or 0) / page,
+                                                                     sig["proc_shmem_pages_s"] or 0)
+            note = _shared(sys_swapin, own, "swap-in")
             if note:
                 shared.append(note)
         elif bound == "file-read":
@@ -298,7 +305,9 @@ def estimate_eta(window: list[dict], done_pages: int | None, expected_pages: int
     if len(window) < 2:
         return out
     sig = signals(window, page, pids)
-    swapin = sig["proc_swapin_pages_s"] or sig["sys_swapin_pages_s"]
+    # the process's own swap-in; system-wide only when the samples carry no VmSwap (shared
+    # memory's swap is not in VmSwap: its pages count below, as pages left at the pin's rate)
+    swapin = sig["proc_swapin_pages_s"] if sig["proc_swapin_pages_s"] is not None else sig["sys_swapin_pages_s"]
     out["swapin_pages_s"] = swapin
     if swap_left_pages and swapin and swapin > 0:
         left = swap_left_pages if expected_pages is None or done_pages is None else \

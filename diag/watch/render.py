@@ -76,6 +76,9 @@ def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float 
     f = figures or {}
     secs = f.get("seconds") or 0
     if bound == "swap-in":
+        if not f.get("swapped_in_bytes") and f.get("system_swapin_pages"):  # shared memory: not in VmSwap
+            return (f"its shared memory came back from swap (RssShmem +{format_bytes(f.get('shmem_growth_bytes'))}; "
+                    f"{f['system_swapin_pages_s']:,.0f} pages/s swapped in system-wide)")
         part = (f"{format_bytes(f['swap_at_start_bytes'])} of its memory was in swap and was"
                 if f.get("swap_at_start_bytes") else "swapped pages were")
         rate = f.get("swapin_pages_s") or rate_pages_s

@@ -101,6 +101,7 @@ class Tracker:
             "shmem": targets_sum(sample, "rss_shmem", self.pids) if counted else 0,
             "rss0": targets_sum(sample, "vm_rss", self.pids),
             "shm0": targets_sum(sample, "rss_shmem", self.pids),
+            "swap0": targets_sum(sample, "vm_swap", self.pids),
         }
         if self.basis_wanted.startswith("vm:"):
             self._bases[self.basis_wanted] = (sample.get("vm") or {}).get(self.basis_wanted[3:], 0)
@@ -133,7 +134,8 @@ class Tracker:
         shm = targets_sum(sample, "rss_shmem", self.pids) - b["shm0"]
         if self.basis in ("swap", "shmem"):  # once the process showed what its pin is, it stays so
             return self.basis
-        if bound == "swap-in" and targets_sum(sample, "vm_swap", self.pids) > 0:
+        swap = targets_sum(sample, "vm_swap", self.pids)
+        if bound == "swap-in" and 0 < swap < b["swap0"]:  # its own VmSwap drains (shmem's swap is not in it)
             return "swap"
         if shm > 0 and shm >= rss // 2:
             return "shmem"
@@ -217,8 +219,8 @@ class Tracker:
                 del kept[::2]
             if self.first_bound is None:
                 self.first_bound, self.first_bound_at = c, elapsed
-            for note in c["shared"]:
-                if note not in self.shared:
+            for note in c["shared"]:  # once per kind: the first time it was seen, with its figures
+                if not any(n.split(" moves ")[0] == note.split(" moves ")[0] for n in self.shared):
                     self.shared.append(note)
         if in_call and self.eta_first is None and eta["eta_s"] is not None:
             self.eta_first = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": pct,
@@ -292,8 +294,11 @@ class Tracker:
             return targets_sum(last, key, self.pids) - targets_sum(first, key, self.pids)
 
         swapped_in = max(0, -d("vm_swap"))
+        vm0, vm1 = first.get("vm") or {}, last.get("vm") or {}
+        sys_swapin = sum(vm1.get(k, 0) - vm0.get(k, 0) for k in ("pswpin", "zswpin"))
         return {"swap_at_start_bytes": targets_sum(first, "vm_swap", self.pids), "swapped_in_bytes": swapped_in,
-                "swapin_pages_s": round(swapped_in / self.page / dt, 1), "read_bytes": d("read_bytes"),
+                "swapin_pages_s": round(swapped_in / self.page / dt, 1), "system_swapin_pages": sys_swapin,
+                "system_swapin_pages_s": round(sys_swapin / dt, 1), "read_bytes": d("read_bytes"),
                 "resident_growth_bytes": d("vm_rss"), "shmem_growth_bytes": d("rss_shmem"),
                 "faults": d("minflt") + d("majflt"), "major_faults": d("majflt"),
                 "pins_outstanding_delta": _pins(last) - _pins(first), "seconds": round(dt, 3)}
