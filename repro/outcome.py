@@ -96,7 +96,8 @@ def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
     summary = tr.summary() if tr is not None else {}
     result["pinned_pages"] = summary.get("pinned_pages")
     result["progress_counter"] = {"pins": "pins outstanding (nr_foll_pin_acquired - nr_foll_pin_released)",
-                                  "shmem": "RssShmem", "resident": "VmRSS"}.get(summary.get("progress_basis"),
+                                  "shmem": "RssShmem", "node-shmem": "the node's Shmem (system-wide)",
+                                  "resident": "VmRSS"}.get(summary.get("progress_basis"),
                                                                                   summary.get("progress_basis"))
     done_secs = [r["seconds"] for r in ranks if r.get("outcome") == "completed" and r.get("seconds")]
     if outcome == "completed" and done_secs:

@@ -27,9 +27,10 @@ __all__ = ["Supervisor", "PROGRESS_BASIS", "PROGRESS"]
 #  register:  pins outstanding, delta(nr_foll_pin_acquired - nr_foll_pin_released): one per page
 #             pin_user_pages pins; system-wide, so another long-term pinner is noted
 #  hostalloc: the children's RssShmem: cudaHostAlloc'd pages are the process's shared memory
+#             ("auto": the node's Shmem, system-wide, if the driver maps them only at the end)
 #  mlock:     the children's VmRSS above their RSS before the region was touched (mlock
 #             populates through the same fault path; nr_mlock is updated in batches)
-PROGRESS_BASIS = {"register": "pins", "hostalloc": "shmem", "mlock": "resident"}
+PROGRESS_BASIS = {"register": "pins", "hostalloc": "auto", "mlock": "resident"}
 PROGRESS = "hostpin_progress_pages"  # the pages done, also kept in each sample's "vm" (hostpin report's picture)
 
 

@@ -87,6 +87,9 @@ def test_pin_path_and_kind():
     assert in_pin_path(reference) and pin_kind(reference) == "register"
     assert pin_kind(["folio_wait_bit_common", "do_swap_page", "__get_user_pages", "populate_vma_page_range",
                      "__mm_populate", "__x64_sys_mlockall"]) == "mlock"
+    # the CI machine's 6.18 kernel: mlockall inlined into __do_sys_mlockall
+    assert pin_kind(["do_swap_page", "__get_user_pages", "populate_vma_page_range", "__mm_populate",
+                     "__do_sys_mlockall", "do_syscall_64"]) == "mlock"
     assert pin_kind(["folio_zero_user", "__get_user_pages", "faultin_page_range", "madvise_do_behavior"]) == "populate"
     assert pin_kind(["clear_page_erms", "nv_alloc_system_pages [nvidia]", "nv_alloc_pages [nvidia]"]) == "hostalloc"
     assert not in_pin_path(["anon_pipe_read", "vfs_read"])
@@ -346,3 +349,34 @@ def test_shmem_swap_in_is_not_in_vmswap():
     assert summary["bound_frame"] == "shmem_swapin_folio" and "RssShmem grows" in summary["bound_reason"]
     assert summary["shared_counters"] == []
     assert max(p.get("vm_swap") or 0 for s in samples for p in s["procs"].values() if s["phase"] == "pin") < 1 << 20
+
+
+@pytest.mark.parametrize("mapped_as_it_goes", [True, False], ids=["RssShmem", "node-Shmem"])
+def test_a_driver_allocation_is_seen_without_a_stack(mapped_as_it_goes):
+    """Constructed from the H200's 16 GiB cudaHostAlloc timeline (h200-repro-matrix16/cases/
+    hostalloc-thpna-pfoff: the thread R with an empty stack and wchan 0 for 7.6 s while the
+    node's Shmem grew 2 GiB/s), with the per-thread times this sampler now reads: all of the
+    interval in the kernel, RssShmem growing (or, if the driver maps the pages into the process
+    only at the end, the node's Shmem alone). Then back in user space: the phase ends."""
+    det, book = PhaseDetector(), PhaseBook(size_bytes=16 * GiB)
+
+    def sample(t, state, stime, utime, shmem, frames=None):
+        th = {"tid": 9, "state": state, "frames": frames if frames is not None else [], "stime": stime,
+              "utime": utime, "comm": "python"}
+        own = shmem if mapped_as_it_goes or t >= 4.5 else 0
+        return {"t": t, "vm": {}, "mem": {"Shmem": (1 << 30) + shmem},
+                "procs": {9: {"name": "python", "rss_shmem": own, "vm_rss": own, "threads": {9: th}}}}
+
+    seq = [sample(0.0, "S", 10, 50, 0, ["anon_pipe_read"])]
+    seq += [sample(0.5 * i, "R", 10 + 50 * i, 50, i * (1 << 30)) for i in range(1, 9)]
+    seq += [sample(4.5, "R", 410, 95, 8 << 30), sample(5.0, "R", 410, 140, 8 << 30)]  # user space again
+    events = [det.update(s) for s in seq]
+    for s in seq:
+        book.update(s)
+    assert [len(st) for st, _ in events].index(1) == 1 and events[1][0][0].kind == "hostalloc"
+    ended = [e for _, e in events if e]
+    assert ended and ended[0][0].end_reason == "returned" and ended[0][0].ended_t == 4.5
+    (ph, tr), = book.closed
+    assert tr.summary()["bound"] == "fault-in/zeroing"
+    assert tr.summary()["progress_basis"] == ("shmem" if mapped_as_it_goes else "node-shmem")
+    assert tr.summary()["pinned_pages"] == (8 << 30) // 4096

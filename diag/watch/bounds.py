@@ -251,6 +251,8 @@ def classify(window: list[dict], progress_pages_s: float | None = None, last_fra
                 out.append(f"its threads fault {sig['proc_minflt_s']:,.0f}/s")
             if sig["proc_shmem_pages_s"]:
                 out.append(f"its RssShmem grows {sig['proc_shmem_pages_s']:,.0f} pages/s")
+            elif sig["sys_shmem_pages_s"]:
+                out.append(f"the node's Shmem grows {sig['sys_shmem_pages_s']:,.0f} pages/s (system-wide)")
             if sig["thp_fault_alloc"]:
                 out.append(f"{sig['thp_fault_alloc']} huge-page faults system-wide")
         if moving and bound not in ("driver",):
@@ -279,8 +281,7 @@ def classify(window: list[dict], progress_pages_s: float | None = None, last_fra
         return result("reclaim", "allocations stall in direct reclaim while the pin does not move")
     if sig["pgmigrate_success"] > 0 and sig["pins_released"] > 0:
         return result("migration", "")
-    shmem_rising = (sig["proc_shmem_pages_s"] or 0) > 0 or (sig["proc_shmem_pages_s"] is None
-                                                             and (sig["sys_shmem_pages_s"] or 0) > 0)
+    shmem_rising = (sig["proc_shmem_pages_s"] or 0) > 0 or (sig["sys_shmem_pages_s"] or 0) > 0
     if moving and ((sig["proc_minflt_s"] or 0) > 20000 or sig["thp_fault_alloc"] > 0 or sig["sys_pgfault_s"] > 20000
                    or shmem_rising):
         return result("fault-in/zeroing", "pages are allocated and zeroed as the pin goes")

@@ -114,6 +114,7 @@ _IOMMU = re.compile(r"^_*(iommu_|viommu_|intel_iommu|amd_iommu|arm_smmu|qi_submi
 _RECLAIM_PREFIX = ("shrink_",)
 # NVIDIA frames by name, for stacks recorded without the module tag: camelCase RM/UVM calls
 # and the os_*/nv_* interface layer; kernel functions are snake_case (nvme_* is not nv_*)
+_MLOCK_CALL = re.compile(r"^__(x64|arm64|ia32|do)_sys_mlock(2|all)?$")  # __do_sys_mlockall on 6.18
 _NVIDIA_NAME = re.compile(r"^_*(nv[A-Z_]|nvidia_|os_|[rR]m[A-Z]|rmapi|uvm_|port[A-Z]|server[A-Z]|dupMemory|memdesc|"
                           r"kgmmu|kbus|gpumgr|osCreate|osAlloc|osLock)")
 _DRIVER_LOCK = re.compile(r"^_*(os_(cond_)?acquire_(mutex|semaphore|rwlock_read|rwlock_write|spinlock)|"
@@ -203,7 +204,7 @@ def stack_bound(frames: list[str]) -> tuple[str | None, str | None]:
 def in_pin_path(frames: list[str]) -> bool:
     """Whether a thread with this stack is inside a pin: get_user_pages and its callers
     (pin_user_pages, mlock, MADV_POPULATE), or the driver's pin and page allocation."""
-    return any(n in _PIN or n in _DRIVER_PIN for n in map(normalize, frames))
+    return any(n in _PIN or n in _DRIVER_PIN or _MLOCK_CALL.match(n) for n in map(normalize, frames))
 
 
 def pin_kind(frames: list[str]) -> str | None:
@@ -214,8 +215,7 @@ def pin_kind(frames: list[str]) -> str | None:
         return "register"
     if names & {"nv_alloc_system_pages", "nv_alloc_pages", "nv_alloc_contig_pages"}:
         return "hostalloc"
-    if names & {"do_mlock", "__x64_sys_mlock", "__x64_sys_mlock2", "__arm64_sys_mlock", "__arm64_sys_mlock2",
-                "__x64_sys_mlockall", "__arm64_sys_mlockall", "apply_mlockall_flags", "mlock_fixup"}:
+    if names & {"do_mlock", "apply_mlockall_flags", "mlock_fixup"} or any(_MLOCK_CALL.match(n) for n in names):
         return "mlock"
     if names & {"faultin_page_range", "__mm_populate", "populate_vma_page_range"}:
         return "populate"

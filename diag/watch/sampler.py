@@ -120,7 +120,7 @@ class Sampler:
         looked = must | set(busy) | {pid}
         for tid, s in stats.items():
             th: dict[str, Any] = {"tid": tid, "state": s.state, "minflt": s.minflt, "majflt": s.majflt,
-                                  "comm": s.comm}
+                                  "utime": s.utime_ticks, "stime": s.stime_ticks, "comm": s.comm}
             if tid in looked:
                 th["wchan"] = process.read_wchan(pid, tid, proc=self.proc)
                 text, why = process.read_stack(pid, tid, proc=self.proc)

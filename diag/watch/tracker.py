@@ -13,6 +13,8 @@ result keeps. Progress is counted on one basis:
 - ``shmem``: the process's RssShmem above a base (cudaHostAlloc'd pages are the process's
   shared memory: +4,096 MiB for 4 GiB on the H200).
 - ``swap``: the total less the pages still in the process's VmSwap.
+- ``node-shmem``: the node's Shmem above its start (system-wide): for a driver allocation
+  whose pages are counted as the node's shared memory before they are mapped into the process.
 - ``auto`` (a process hostpin did not start): swap while the bound is swap-in, else shmem
   when it grows, else resident, else pins.
 - ``vm:COUNTER``: any counter of the samples' "vm" (a recorded timeline's own progress).
@@ -102,6 +104,7 @@ class Tracker:
             "rss0": targets_sum(sample, "vm_rss", self.pids),
             "shm0": targets_sum(sample, "rss_shmem", self.pids),
             "swap0": targets_sum(sample, "vm_swap", self.pids),
+            "node_shm0": (sample.get("mem") or {}).get("Shmem") or 0,
         }
         if self.basis_wanted.startswith("vm:"):
             self._bases[self.basis_wanted] = (sample.get("vm") or {}).get(self.basis_wanted[3:], 0)
@@ -132,13 +135,16 @@ class Tracker:
         b = self._bases
         rss = targets_sum(sample, "vm_rss", self.pids) - b["rss0"]
         shm = targets_sum(sample, "rss_shmem", self.pids) - b["shm0"]
-        if self.basis in ("swap", "shmem"):  # once the process showed what its pin is, it stays so
+        if self.basis in ("swap", "shmem", "node-shmem"):  # once the pin showed what it is, it stays so
             return self.basis
         swap = targets_sum(sample, "vm_swap", self.pids)
         if bound == "swap-in" and 0 < swap < b["swap0"]:  # its own VmSwap drains (shmem's swap is not in it)
             return "swap"
         if shm > 0 and shm >= rss // 2:
             return "shmem"
+        node_shm = ((sample.get("mem") or {}).get("Shmem") or 0) - b["node_shm0"]
+        if node_shm >= (64 << 20) and rss < node_shm // 4:
+            return "node-shmem"  # the driver's pages counted as the node's Shmem before they are mapped
         if rss > 0:
             return "resident"
         if _pins(sample) - b["pins"] > 0:
@@ -158,6 +164,8 @@ class Tracker:
             done = (sample.get("vm") or {}).get(basis[3:], 0) - b.get(basis, 0)
         elif basis == "shmem":
             done = (targets_sum(sample, "rss_shmem", self.pids) - b["shmem"]) // page
+        elif basis == "node-shmem":
+            done = (((sample.get("mem") or {}).get("Shmem") or 0) - b["node_shm0"]) // page
         else:
             done = (targets_sum(sample, "vm_rss", self.pids) - b["resident"]) // page
         done = max(0, done)
