@@ -223,7 +223,7 @@ def case_c(runs: Path) -> list[str]:
         time.sleep(1.0)
         w = watch(runs, "--pid", str(kids[0]), "--size", CFG["c_size"], "--deadline", "120") if kids else None
         took = float(target.expect("pinned", 180).split()[1])
-        pid_res = collect(w, 60) if w else {"error": "the target's pid was not found"}
+        pid_res = collect(w, 30) if w else {"error": "the target's pid was not found"}
         target.say("quit")
         out, err = target.proc.communicate(timeout=120)
         beats = [line for line in err.splitlines() if line.startswith("hostpin: pid") and " pinning" in line]

@@ -93,6 +93,9 @@ def test_pin_path_and_kind():
     assert pin_kind(["folio_zero_user", "__get_user_pages", "faultin_page_range", "madvise_do_behavior"]) == "populate"
     assert pin_kind(["clear_page_erms", "nv_alloc_system_pages [nvidia]", "nv_alloc_pages [nvidia]"]) == "hostalloc"
     assert not in_pin_path(["anon_pipe_read", "vfs_read"])
+    # munlock walks mlock_fixup too: the undo of a pin is not a pin
+    assert not in_pin_path(["mlock_folio_batch", "mlock_vma_pages_range", "mlock_fixup", "apply_vma_lock_flags",
+                            "__x64_sys_munlock", "do_syscall_64"])
 
 
 # -- constructed windows ------------------------------------------------------------------------

@@ -115,6 +115,7 @@ _RECLAIM_PREFIX = ("shrink_",)
 # NVIDIA frames by name, for stacks recorded without the module tag: camelCase RM/UVM calls
 # and the os_*/nv_* interface layer; kernel functions are snake_case (nvme_* is not nv_*)
 _MLOCK_CALL = re.compile(r"^__(x64|arm64|ia32|do)_sys_mlock(2|all)?$")  # __do_sys_mlockall on 6.18
+_MUNLOCK_CALL = re.compile(r"^__(x64|arm64|ia32|do)_sys_munlock(all)?$")
 _NVIDIA_NAME = re.compile(r"^_*(nv[A-Z_]|nvidia_|os_|[rR]m[A-Z]|rmapi|uvm_|port[A-Z]|server[A-Z]|dupMemory|memdesc|"
                           r"kgmmu|kbus|gpumgr|osCreate|osAlloc|osLock)")
 _DRIVER_LOCK = re.compile(r"^_*(os_(cond_)?acquire_(mutex|semaphore|rwlock_read|rwlock_write|spinlock)|"
@@ -204,7 +205,10 @@ def stack_bound(frames: list[str]) -> tuple[str | None, str | None]:
 def in_pin_path(frames: list[str]) -> bool:
     """Whether a thread with this stack is inside a pin: get_user_pages and its callers
     (pin_user_pages, mlock, MADV_POPULATE), or the driver's pin and page allocation."""
-    return any(n in _PIN or n in _DRIVER_PIN or _MLOCK_CALL.match(n) for n in map(normalize, frames))
+    names = list(map(normalize, frames))
+    if any(_MUNLOCK_CALL.match(n) for n in names):  # munlock walks the same mlock_fixup: the undo, not a pin
+        return False
+    return any(n in _PIN or n in _DRIVER_PIN or _MLOCK_CALL.match(n) for n in names)
 
 
 def pin_kind(frames: list[str]) -> str | None:
