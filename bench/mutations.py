@@ -36,7 +36,7 @@ class Mutation:
 
 
 MUTATIONS = [
-    Mutation("failure-catalog-nothing", "failure_catalog always returning nothing", "repro/register.py",
+    Mutation("failure-catalog-nothing", "failure_catalog always returning nothing", "repro/outcome.py",
              "    return found.as_tuple() if found else (None, None)", "    return (None, None)",
              ["tests/test_catalog.py::test_replay_the_recorded_fileshared_failure"]),
     Mutation("margin-size-ignored", "--margin given as a size ignored", "diag/checks/memory.py",
@@ -52,7 +52,7 @@ MUTATIONS = [
              "    pressure_part = min(max(0, region - own_part), max(0, used - (own or 0))) if region else 0",
              "    pressure_part = max(0, used - (own or 0))",
              ["tests/test_checks.py::test_swap_exposure_is_bounded_by_the_plan"]),
-    Mutation("verdict-drops-catalog", "the catalog dropped from failed-pin verdicts", "repro/register.py",
+    Mutation("verdict-drops-catalog", "the catalog dropped from failed-pin verdicts", "repro/outcome.py",
              '''        cat = f" (catalog {e['catalog']}: {e['meaning']})" if e.get("catalog") and e.get("meaning") else ""''',
              '        cat = ""',
              ["tests/test_catalog.py::test_replay_the_recorded_fileshared_failure"]),

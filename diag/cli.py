@@ -166,12 +166,17 @@ def json_option(f):
 
 def open_run(out: Path | None, command: str, durable: bool = False):
     from .evidence import RunDir, new_run_dir
-    path = new_run_dir(out, command)
-    try:
-        return RunDir(path, command, sys.argv, durable=durable)
-    except OSError as exc:
-        raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
-                         "choose another with --out") from None
+    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
+        path = new_run_dir(out, command)
+        try:
+            return RunDir(path, command, sys.argv, durable=durable)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
+                             "choose another with --out") from None
+    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
+                     "choose another with --out")
 
 
 class HostpinGroup(click.Group):
@@ -627,3 +632,8 @@ def _expand_runs(args) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)
+
+cli.add_command(_watch)

@@ -31,3 +31,5 @@ EXIT_USAGE = 2         # bad command line: a one-line error names the value
 EXIT_UNEVALUATED = 3   # the input could not be read or evaluated, or the output not written
 EXIT_REFUSED = 4       # repro refused for safety (headroom, leftovers) without its override
 EXIT_INTERRUPTED = 130
+EXIT_CMD_NOT_EXECUTABLE = 126  # `hostpin watch -- CMD`: CMD cannot be run (as a shell says it)
+EXIT_CMD_NOT_FOUND = 127       # `hostpin watch -- CMD`: no such command

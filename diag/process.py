@@ -18,7 +18,8 @@ from .parsing import to_int
 from .rootfs import read_bounded
 
 __all__ = ["ProcStatus", "parse_status", "read_status", "read_task_state", "read_stack", "read_wchan", "list_tasks",
-           "parse_stack"]
+           "parse_stack", "TaskStat", "parse_task_stat", "read_task_stat", "parse_io", "read_io", "Syscall",
+           "parse_syscall", "read_syscall", "syscall_name"]
 
 _BYTES = {"VmRSS": "vm_rss_bytes", "VmSwap": "vm_swap_bytes", "VmLck": "vm_lck_bytes",
           "VmPin": "vm_pin_bytes", "VmSize": "vm_size_bytes", "RssAnon": "rss_anon_bytes",
@@ -124,3 +125,117 @@ def list_tasks(pid: int, proc: str = "/proc") -> list[int]:
         return sorted(int(t) for t in os.listdir(Path(proc) / str(pid) / "task"))
     except OSError:
         return []
+
+
+# -- what `hostpin watch` reads per thread; none of these files takes the mmap lock --------------
+
+@dataclass
+class TaskStat:
+    """The fields of /proc/PID/task/TID/stat that say what a thread is doing. Faults that
+    get_user_pages takes on the thread's behalf count here too (mm_account_fault)."""
+    comm: str
+    state: str
+    ppid: int
+    minflt: int
+    majflt: int
+    utime_ticks: int
+    stime_ticks: int
+
+
+def parse_task_stat(text: str) -> TaskStat | None:
+    """None for a damaged or cut line; comm may hold spaces and parentheses.
+
+    >>> t = parse_task_stat("42 (a (b) c) D 1 42 42 0 -1 4194560 131072 0 3 0 10 20 0 0 20 0 1 0 5 0 0")
+    >>> t.comm, t.state, t.minflt, t.majflt, t.stime_ticks
+    ('a (b) c', 'D', 131072, 3, 20)
+    """
+    head, sep, rest = text.rpartition(")")
+    fields = rest.split()
+    if not sep or "(" not in head or len(fields) < 13:
+        return None
+    try:
+        return TaskStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), minflt=int(fields[7]),
+                        majflt=int(fields[9]), utime_ticks=int(fields[11]), stime_ticks=int(fields[12]))
+    except ValueError:
+        return None
+
+
+def read_task_stat(pid: int, tid: int | None = None, proc: str = "/proc") -> TaskStat | None:
+    text, _ = _read(_base(pid, tid, proc) / "stat")
+    return parse_task_stat(text) if text is not None else None
+
+
+def parse_io(text: str) -> dict[str, int]:
+    """/proc/PID/io: read_bytes is what the process made the block layer read (submit_bio),
+    file readahead and swap-in included; rchar counts every read() however served.
+
+    >>> parse_io("rchar: 10\\nread_bytes: 134217728\\nbogus\\n")["read_bytes"]
+    134217728
+    """
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip().isdigit():
+            out[key.strip()] = int(value)
+    return out
+
+
+def read_io(pid: int, proc: str = "/proc") -> tuple[dict[str, int] | None, str | None]:
+    """(counters, None) or (None, reason): needs root or the right to ptrace the process
+    (CONFIG_TASK_IO_ACCOUNTING)."""
+    text, why = _read(Path(proc) / str(pid) / "io")
+    return (parse_io(text), None) if text is not None else (None, why)
+
+
+@dataclass
+class Syscall:
+    """What /proc/PID/task/TID/syscall says: the call a blocked thread is in and its
+    arguments; `running` when the thread was on a CPU (the kernel does not stop it to look)."""
+    nr: int | None
+    args: tuple[int, ...] = ()
+    running: bool = False
+
+
+def parse_syscall(text: str) -> Syscall | None:
+    """Parsed; None for damaged text.
+
+    >>> parse_syscall("149 0x7f5a49200000 0x8000000 0x0 0x0 0x0 0x0 0x7ffd 0x7f5a").args[1]
+    134217728
+    >>> parse_syscall("running").running, parse_syscall("-1 0x7ffd 0x7f5a").nr
+    (True, -1)
+    """
+    parts = text.split()
+    if not parts:
+        return None
+    if parts[0] == "running":
+        return Syscall(nr=None, running=True)
+    try:
+        nr = int(parts[0])
+        args = tuple(int(p, 16) for p in parts[1:7]) if nr >= 0 else ()
+    except ValueError:
+        return None
+    return Syscall(nr=nr, args=args)
+
+
+def read_syscall(pid: int, tid: int | None = None, proc: str = "/proc") -> Syscall | None:
+    """Needs root or the right to ptrace the thread; reading it does not stop the thread."""
+    text, _ = _read(_base(pid, tid, proc) / "syscall")
+    return parse_syscall(text) if text is not None else None
+
+
+# the calls whose numbers matter to a pin, per architecture (asm/unistd_64.h, asm-generic/unistd.h)
+_SYSCALLS = {
+    "x86_64": {9: "mmap", 16: "ioctl", 28: "madvise", 149: "mlock", 150: "munlock", 151: "mlockall", 325: "mlock2"},
+    "aarch64": {29: "ioctl", 222: "mmap", 228: "mlock", 229: "munlock", 230: "mlockall", 233: "madvise", 284: "mlock2"},
+}
+
+
+def syscall_name(nr: int | None, machine: str | None = None) -> str | None:
+    """The name of a call that matters to a pin, else None.
+
+    >>> syscall_name(149, "x86_64"), syscall_name(228, "aarch64"), syscall_name(0, "x86_64")
+    ('mlock', 'mlock', None)
+    """
+    if nr is None:
+        return None
+    return _SYSCALLS.get(machine or os.uname().machine, {}).get(nr)

@@ -37,7 +37,7 @@ def _fact_value(key: str, value: Any) -> str:
 def key_stack(run: Run) -> tuple[str, str] | None:
     """(where it came from, the stack) for the pinning thread: a kill's stack file, else the
     stack seen most often in the timeline while the pin was in D state or in kernel paths."""
-    for entry in run.manifest.get("entries", []):
+    for entry in run.manifest.get("entries", []) if run.command != "watch" else []:  # a watch: its timeline
         if entry.get("kind") == "stacks" and not entry.get("skipped"):
             text = run.read_text(entry["path"], limit=1 << 20)
             if text is None:
@@ -46,17 +46,19 @@ def key_stack(run: Run) -> tuple[str, str] | None:
             busy = [s for s in sections[1:] if " state D " in s or "do_swap_page" in s or "pin_user_pages" in s]
             chosen = (busy or sections[1:] or [text])[0]
             return entry["path"], "### " + chosen.strip() if busy or sections[1:] else chosen
+    from .watch.frames import in_pin_path, stack_bound
     counts: Counter = Counter()
+    last: dict[str, list[str]] = {}  # a timeline writes a thread's frames only when they change
     for sample in run.read_jsonl("timeline.jsonl"):
-        if sample.get("phase") != "pin":
-            continue
+        pinning = "pin" in (sample.get("phase"), (sample.get("progress") or {}).get("phase"))
         for proc in sample.get("procs", {}).values():
-            for th in proc.get("threads", {}).values():
-                frames = th.get("frames")
-                if frames and (th.get("state") == "D" or any("gup" in f or "pin_user" in f or "swap" in f for f in frames)):
+            for tid, th in proc.get("threads", {}).items():
+                frames = last[tid] = th.get("frames") or last.get(tid) or []
+                if pinning and frames and (th.get("state") == "D" or in_pin_path(frames)):
                     counts[tuple(frames)] += 1
-    if counts:
-        frames, n = counts.most_common(1)[0]
+    named = Counter({f: n for f, n in counts.items() if stack_bound(list(f))[0]})  # stacks that name a cause
+    if named or counts:
+        frames, n = (named or counts).most_common(1)[0]
         return f"timeline.jsonl (seen in {n} samples)", "\n".join(frames)
     return None
 
@@ -365,6 +367,13 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
         if stack:
             where, text = stack
             block = f"```\n{text}\n```\n\nfrom {where}\n" if md else f"{text}\n(from {where})\n"
+            parts.append(_section("Kernel stack", block, md))
+    elif command == "watch":
+        from .watch.render import watch_body
+        parts.append(_section("Result", watch_body(r, md), md))
+        stack = key_stack(run)
+        if stack:
+            block = f"```\n{stack[1]}\n```\n\nfrom {stack[0]}\n" if md else f"{stack[1]}\n(from {stack[0]})\n"
             parts.append(_section("Kernel stack", block, md))
     elif command == "repro staging":
         parts.append(_section("Staging memory", staging_body(r, md), md))

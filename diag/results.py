@@ -267,6 +267,9 @@ def load_result(data: Any) -> Result | dict[str, Any]:
     """A recorded result as its dataclass; a result of a kind with no schema yet stays a dict."""
     if not isinstance(data, dict):
         return {}
+    if data.get("schema") == "hostpin.watch" and "hostpin.watch" not in _SCHEMAS:
+        from .watch.result import WatchResult  # its own module (diag.watch), registered on first use
+        _SCHEMAS[WatchResult.SCHEMA] = WatchResult
     cls = _SCHEMAS.get(data.get("schema"))
     if cls is None:
         command = data.get("command")

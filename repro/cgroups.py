@@ -16,7 +16,8 @@ from pathlib import Path
 
 from diag.leftovers import CGROUP_PREFIX as PREFIX, cgroup_mounts, owner_pid
 
-__all__ = ["CgroupError", "RunCgroup", "cgroup_layout", "block_device_for", "leftover_cgroups", "PREFIX"]
+__all__ = ["CgroupError", "RunCgroup", "cgroup_layout", "block_device_for", "leftover_cgroups", "PREFIX",
+           "file_device"]
 
 
 class CgroupError(RuntimeError):
@@ -249,3 +250,14 @@ def leftover_cgroups(owner: int | None = None) -> list[str]:
             if pid is not None and entry.is_dir() and owner in (None, pid):
                 found.append(str(entry))
     return sorted(found)
+
+
+def file_device(path: str) -> str:
+    """MAJ:MIN of the disk a regular file's reads go to, for a read throttle; CgroupError when
+    its file system has no block device (tmpfs, overlayfs, NFS: no throttle reaches those reads)."""
+    majmin = block_device_for(path)
+    if not Path(f"/sys/dev/block/{majmin}").exists():
+        raise CgroupError(f"{path} is on a file system with no block device ({majmin}: tmpfs, overlayfs or a "
+                          "network file system); a read throttle cannot slow its reads; put the file on a disk "
+                          "file system (ext4, xfs)")
+    return majmin

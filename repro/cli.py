@@ -53,6 +53,10 @@ def repro():
               help="Push this much of the region into swap for real before pinning (memory cgroup limit).")
 @click.option("--swap-in-rate", type=RATE, default=None,
               help="Throttle reads from the swap device for the pinning child, e.g. 11MB/s (v1 blkio, v2 io.max).")
+@click.option("--read-rate", type=RATE, default=None,
+              help="Throttle reads from the device behind the region for the child: the file's disk for "
+                   "--source file:PATH (its page cache is dropped first, so the pin reads it), the swap device "
+                   "for a region in swap; e.g. 16MB/s.")
 @click.option("--make-swap", type=SIZE, default=None,
               help="Create a temporary swap file of this size for the run (at least 40 KiB).")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default="/var/tmp", show_default=True,
@@ -78,9 +82,9 @@ def repro():
 @out_option
 @json_errors("repro register")
 def register_cmd(size, method, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
-                 make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers, device,
-                 no_calibrate, register_twice, prefault_threads, matrix, as_json, out):
-    """Pin SIZE for real in a child process while a watchdog shows where the time goes.
+                 read_rate, make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers,
+                 device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out):
+    """Pin SIZE for real in a child process while a watchdog (diag.watch) shows where the time goes.
 
     \b
     Outcomes: completed, slow, failed (CUDA error and catalog entry), stalled, killed
@@ -111,7 +115,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
-                        make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
+                        read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
                         interval=interval, force=force, device=device, calibrate=not no_calibrate,
                         register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers)
     if prefault_threads:

@@ -1,49 +1,15 @@
 """Terminal output for reproductions: a live progress line, the verdict, the figures."""
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any
 
 from tabulate import tabulate
 
 from diag.report import staging_body
-from diag.units import GiB, PAGE_SIZE, format_bytes, format_duration
+from diag.units import format_bytes, format_duration
+from diag.watch.render import ProgressLine
 
 __all__ = ["ProgressLine", "render_result", "render_matrix", "render_staging"]
-
-
-class ProgressLine:
-    """One rewritten line on stderr when it is a terminal: phase, bar, rate, ETA, bound."""
-
-    def __init__(self, stream=sys.stderr, enabled: bool | None = None):
-        self.stream = stream
-        self.enabled = stream.isatty() if enabled is None else enabled
-        self._last = 0.0
-        self._t0 = time.monotonic()
-
-    def __call__(self, prog: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        phase = prog.get("phase")
-        if phase == "pin" and prog.get("pct") is not None:
-            pct = prog["pct"]
-            bar = "#" * int(pct / 5) + "-" * (20 - int(pct / 5))
-            rate = (prog.get("rate_pages_s") or 0) * PAGE_SIZE / GiB
-            eta = format_duration(prog.get("eta_s")) if prog.get("eta_s") is not None else "?"
-            text = (f"pin      [{bar}] {pct:5.1f}%  {rate:6.2f} GiB/s  ETA {eta:>7s}  bound {prog.get('bound')}"
-                    f"  ({format_duration(prog.get('elapsed_s'))})")
-        elif phase == "prefault":
-            text = f"prefault touched {format_bytes(prog.get('rss_bytes'))}  ({format_duration(time.monotonic() - self._t0)})"
-        else:
-            text = f"{phase} ..."
-        self.stream.write("\r\033[K" + text)
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
 
 
 def render_result(r: dict[str, Any]) -> str:
@@ -55,6 +21,7 @@ def render_result(r: dict[str, Any]) -> str:
                      + (f", chunk {format_bytes(o['chunk'])}" if o.get("chunk") else "")
                      + (f", swap-out {format_bytes(o['swap_out'])}" if o.get("swap_out") else "")
                      + (f", swap-in limited to {format_bytes(o['swap_in_rate'])}/s" if o.get("swap_in_rate") else "")
+                     + (f", reads limited to {format_bytes(o['read_rate'])}/s" if o.get("read_rate") else "")
                      + ")")
     facts = []
     for key, label, fmt in (("seconds", "pin time", format_duration), ("rate_gib_s", "rate", lambda v: f"{v:.2f} GiB/s"),
@@ -64,6 +31,10 @@ def render_result(r: dict[str, Any]) -> str:
                             ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
         if r.get(key) is not None:
             facts.append([label, fmt(r[key])])
+    if r.get("file_cache"):
+        fc = r["file_cache"]
+        facts.append(["file in the page cache", f"{100 * (fc.get('cached_before') or 0):.0f}% before the run, "
+                                                f"{100 * (fc.get('cached_after') or 0):.0f}% after dropping it"])
     if r.get("pinned_pages") is not None:
         facts.append(["pinned (counter " + str(r.get("progress_counter")) + ")",
                       f"{r['pinned_pages']:,} of {r['expected_pages']:,} pages"])

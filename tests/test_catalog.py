@@ -127,7 +127,8 @@ def _load(name):
 
 def test_replay_the_recorded_fileshared_failure():
     """h200-repro-fileshared-fail: cudaHostRegister of a writable MAP_SHARED file, cudaErrorInvalidValue (1)."""
-    from repro.register import ReproOptions, failure_catalog, verdict
+    from repro.outcome import failure_catalog, verdict
+    from repro.register import ReproOptions
     r = _load("h200-repro-fileshared-fail")
     event = next(json.loads(l) for l in (FIXTURES / "h200-repro-fileshared-fail" / "events.jsonl").read_text().splitlines()
                  if json.loads(l)["event"] == "pin_failed")
@@ -176,8 +177,9 @@ def test_replay_the_reference_failures(failure, ctx, entry_id):
 
 def test_a_dead_child_is_attributed_to_the_oom_killer(tmp_path):
     """A real child killed by SIGKILL, read back by repro's rank summary: catalog 8."""
-    from repro.register import ReproOptions, _rank_result
-    from repro.watchdog import Child
+    from repro.outcome import _rank_result
+    from repro.register import ReproOptions
+    from repro.children import Child
     proc = subprocess.Popen(["sleep", "60"])
     r_fd, w_fd = os.pipe()
     os.set_blocking(r_fd, False)

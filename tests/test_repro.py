@@ -110,7 +110,7 @@ def test_swap_bound_pin_is_classified_and_predicted(tmp_path):
     assert 1500 < res["swapin_pages_per_s"] < 8000  # 16 MB/s is ~3,900 pages/s
     assert res["first_bound_at_s"] is not None and res["first_bound_at_s"] <= 5.0
     assert res["eta_error"] is not None and abs(res["eta_error"]) <= 0.25
-    assert "was in swap and was read back at" in res["verdict"]
+    assert "was in swap and was read back at" in res["verdict"], res["verdict"]
     assert res["watchdog"]["watchdog_cpu_pct_of_core"] < 5.0
     undone = [step["undo"] for step in res["cleanup"]]
     assert any(u.startswith("swap file") for u in undone) and any(u.startswith("cgroup") for u in undone)

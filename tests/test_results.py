@@ -84,3 +84,18 @@ def test_staging_results_recorded_on_the_h200_load_typed_and_round_trip():
         assert result_dict(typed) == data, case.name
     old = json.loads(next((FIXTURES / "h200-staging").glob("*/result.json")).read_text())
     assert isinstance(load_result(old), dict)
+
+
+def test_watch_results_are_typed_and_round_trip():
+    """hostpin watch writes a diag.results.Result; load_result reads it back as WatchResult."""
+    from diag.results import load_result, result_dict
+    from diag.watch.result import PhaseResult, WatchResult
+    r = WatchResult(mode="pid", pid=4711, outcome="completed", verdict="pinned", size_bytes=256 << 20,
+                    phases=[PhaseResult(pid=4711, tid=4711, comm="python", kind="mlock", started_s=0.3,
+                                        seen_start=False, outcome="completed", seconds=12.5, bound="swap-in",
+                                        bound_counts={"swap-in": 24}, catalog=1)])
+    data = result_dict(r)
+    assert data["schema"] == "hostpin.watch" and data["phases"][0]["bound"] == "swap-in"
+    back = load_result(data)
+    assert isinstance(back, WatchResult) and isinstance(back.phases[0], PhaseResult)
+    assert result_dict(back) == data

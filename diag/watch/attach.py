@@ -1,0 +1,149 @@
+"""`hostpin watch --pid PID`: follow a process hostpin did not start, read-only.
+
+Samples the process every interval (diag.watch.sampler), notices its pin phases, and ends
+when the pin returns (its thread leaves the pin path), when the process exits, or at the
+deadline. It never signals, traces or stops the target; it writes only into its run
+directory: timeline.jsonl, stacks at the start and the end (and at a stall), result.json.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..evidence import RunDir
+from ..exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED
+from ..facts import node_facts
+from ..rootfs import Root
+from .book import PhaseBook
+from .bounds import remedy_for
+from .render import watch_verdict
+from .result import WatchResult
+from .sampler import Sampler
+from .timeline import TimelineWriter, write_stacks
+
+__all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result"]
+
+
+@dataclass
+class WatchOptions:
+    size_bytes: int | None = None
+    interval: float = 0.5
+    deadline: float | None = None       # seconds of watching; None: until the pin returns or the process exits
+    stall_after: float = 120.0          # no progress for this long inside a pin: stacks are kept, a note made
+    heartbeat: float = 30.0             # the launcher form's stderr lines
+    quiet_s: float = 5.0                # a phase shorter than this gets no heartbeat
+
+
+class Clock:
+    """Seconds since watching began, and the watcher's own CPU time."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.cpu0 = os.times()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def cost(self, samples: int) -> dict:
+        t = os.times()
+        cpu = (t.user - self.cpu0.user) + (t.system - self.cpu0.system)
+        wall = max(1e-6, self.now())
+        return {"cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "cpu_pct_of_core": round(100 * cpu / wall, 2),
+                "samples": samples}
+
+
+class Stalls:
+    """Keeps every thread's stack once when a phase stops moving for stall_after."""
+
+    def __init__(self, run: RunDir, stall_after: float, proc: str):
+        self.run, self.stall_after, self.proc = run, stall_after, proc
+        self.seen: set[tuple[int, int]] = set()
+        self.events: list[dict] = []
+
+    def check(self, book: PhaseBook, t: float, on_stall: Callable[[dict], None] | None = None) -> None:
+        for (pid, tid), (ph, tr) in book.open.items():
+            quiet = tr.stalled_for(t)
+            if quiet >= self.stall_after and (pid, tid) not in self.seen:
+                self.seen.add((pid, tid))
+                rel = write_stacks(self.run, f"stacks-stall-{pid}-{tid}.txt", [pid], f"no progress for {quiet:.0f} s",
+                                   proc=self.proc)
+                event = {"pid": pid, "tid": tid, "at_s": round(t, 3), "quiet_s": round(quiet, 1), "stacks": rel,
+                         "bound": tr.progress.get("bound")}
+                self.events.append(event)
+                if on_stall:
+                    on_stall(event)
+
+
+def finish_result(result: WatchResult, book: PhaseBook, sampler: Sampler, clock: Clock, samples: int) -> None:
+    result.phases = book.results()
+    result.watched_s = round(clock.now(), 3)
+    result.watcher = clock.cost(samples)
+    result.unreadable = dict(sampler.problems)
+    main = result.main_phase
+    if main is not None:
+        result.bound, result.bound_reason, result.catalog = main.bound, main.bound_reason, main.catalog
+        result.remedy = remedy_for(main.bound, main.catalog)
+    result.verdict = watch_verdict(result)
+
+
+def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[dict], None] | None = None,
+              root: Root | None = None) -> WatchResult:
+    root = root or Root("/")
+    result = WatchResult(mode="pid", pid=pid, size_bytes=opts.size_bytes, interval_s=opts.interval,
+                         deadline_s=opts.deadline, run_dir=str(run.path))
+    sampler = Sampler(root)
+    clock = Clock()
+    first = sampler.process(pid)
+    if first is None:
+        result.outcome, result.exit_code = "gone", EXIT_UNEVALUATED
+        result.verdict = f"no process {pid} to watch (it does not exist, or /proc/{pid} cannot be read)"
+        return result
+    result.name = first.get("name")
+    result.facts = node_facts(Root(root.path, run=run))
+    result.stacks.append(write_stacks(run, "stacks-start.txt", [pid], "at the attach", proc=sampler.proc))
+    book = PhaseBook(opts.size_bytes, sampler.page)
+    writer = TimelineWriter(run)
+    stalls = Stalls(run, opts.stall_after, sampler.proc)
+    samples, outcome = 0, None
+    next_tick = time.monotonic()
+    try:
+        while outcome is None:
+            t = clock.now()
+            s = sampler.sample(t, [pid], book.active_tids())
+            samples += 1
+            _, ended = book.update(s)
+            prog = book.progress()
+            s["progress"] = prog or {"phase": "watch"}
+            writer.write(s, keep={tid for tids in book.active_tids().values() for tid in tids})
+            stalls.check(book, t)
+            if on_progress and prog:
+                on_progress(prog)
+            if pid not in s["procs"]:
+                outcome = "exited"
+            elif any(ph.end_reason == "returned" for ph in ended):
+                outcome = "completed"
+            elif ended:
+                outcome = "exited"
+            elif opts.deadline is not None and t >= opts.deadline:
+                outcome = "deadline"
+            else:
+                next_tick += opts.interval
+                time.sleep(max(0.0, next_tick - time.monotonic()))
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+    finally:
+        writer.close()
+    if outcome in ("deadline", "interrupted") and book.open:
+        result.stacks.append(write_stacks(run, f"stacks-{outcome}.txt", [pid], f"at the {outcome}", proc=sampler.proc))
+    result.stalls = stalls.events
+    if not book.closed and not book.open:
+        outcome = "no-pin" if outcome != "interrupted" else outcome
+    result.outcome = outcome
+    finish_result(result, book, sampler, clock, samples)
+    if outcome == "exited" and result.main_phase is not None and result.main_phase.outcome == "completed":
+        result.outcome = outcome = "completed"
+        result.verdict = watch_verdict(result)
+    result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(outcome, EXIT_FAIL)
+    return result

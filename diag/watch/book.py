@@ -1,0 +1,99 @@
+"""Every pin phase of a watch, each with its own tracker (pure: samples in, results out)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .phases import Phase, PhaseDetector
+from .result import PhaseResult
+from .tracker import Tracker
+
+__all__ = ["PhaseBook"]
+
+
+class PhaseBook:
+    def __init__(self, size_bytes: int | None = None, page: int = 4096, window_s: float = 2.0):
+        self.size_bytes = size_bytes
+        self.page = page
+        self.window_s = window_s
+        self.detector = PhaseDetector()
+        self.open: dict[tuple[int, int], tuple[Phase, Tracker]] = {}
+        self.closed: list[tuple[Phase, Tracker]] = []
+        self.prev: dict | None = None
+
+    def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
+        started, ended = self.detector.update(sample)
+        for ph in started:
+            size = self.size_bytes or ph.size_hint
+            tr = Tracker(size_bytes=size, page=self.page, pids={ph.pid}, tids={ph.tid}, window_s=self.window_s)
+            seen = ph.seen_start and self.prev is not None
+            tr.begin(self.prev if seen else sample, seen_start=seen)
+            self.open[(ph.pid, ph.tid)] = (ph, tr)
+        for ph in ended:
+            entry = self.open.pop((ph.pid, ph.tid), None)
+            if entry is not None:
+                entry[1].update(sample, in_call=False)
+                entry[1].end({"t": ph.ended_t})
+                self.closed.append(entry)
+        for ph, tr in self.open.values():
+            if tr.expected is None and ph.size_hint:  # mlock's length, read after the phase was first seen
+                tr.expected = ph.size_hint // self.page
+            if tr.samples[-1] is not sample:  # a phase first seen in this sample began on it
+                tr.update(sample, in_call=True)
+        self.prev = sample
+        return started, ended
+
+    def active_tids(self) -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for pid, tid in self.open:
+            out.setdefault(pid, set()).add(tid)
+        return out
+
+    def progress(self) -> dict[str, Any] | None:
+        """The progress of the longest open phase, for the progress line and the timeline."""
+        if not self.open:
+            return None
+        ph, tr = min(self.open.values(), key=lambda e: e[0].started_t)
+        return dict(tr.progress, phase="pin", pid=ph.pid, tid=ph.tid)
+
+    def results(self) -> list[PhaseResult]:
+        out = []
+        for ph, tr in self.closed + list(self.open.values()):
+            out.append(_result(ph, tr, self.size_bytes, self.page))
+        return sorted(out, key=lambda r: r.started_s)
+
+
+def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseResult:
+    s = tr.summary()
+    p = tr.progress
+    outcome = "open" if ph.ended_t is None else ("completed" if ph.end_reason == "returned" else "exited")
+    inferred = outcome == "exited" and (p.get("pct") or 0) >= 99.5 and ph.end_reason == "process gone"
+    if inferred:  # every page was in when the process went away: the pin had done its work
+        outcome = "completed"
+    size = size_bytes or ph.size_hint
+    r = PhaseResult(pid=ph.pid, tid=ph.tid, comm=ph.comm, kind=ph.kind, started_s=round(ph.started_t, 3),
+                    seen_start=ph.seen_start, outcome=outcome, seconds=s["seconds"], size_bytes=size,
+                    size_from="--size" if size_bytes else ("mlock length" if ph.size_hint else None),
+                    pinned_pages=s["pinned_pages"], expected_pages=s["expected_pages"], pct=p.get("pct"),
+                    rate_pages_s=p.get("rate_pages_s"), eta_s=p.get("eta_s") if outcome == "open" else None,
+                    eta_basis=p.get("eta_basis"), progress_basis=s["progress_basis"], bound=s["bound"],
+                    bound_reason=s["bound_reason"], bound_frame=s["bound_frame"], bound_counts=s["bound_counts"],
+                    first_bound=s["first_bound"], first_bound_at_s=s["first_bound_at_s"], catalog=s["catalog"],
+                    eta_at_20pct=s["eta_at_20pct"], eta_first=s["eta_first"], shared_counters=s["shared_counters"],
+                    figures=s["figures"])
+    if outcome == "completed" and r.seconds:
+        if r.eta_at_20pct:
+            r.eta_error = round((r.eta_at_20pct["predicted_total_s"] - r.seconds) / r.seconds, 4)
+        if r.eta_first:
+            r.eta_first_error = round((r.eta_first["predicted_total_s"] - r.seconds) / r.seconds, 4)
+    if outcome == "completed" and s["rate_pages_s"] is not None:
+        r.rate_pages_s = s["rate_pages_s"]  # over the whole phase, not the last window (which ends in the return)
+    if inferred:
+        r.notes.append("the process exited right after its pages were all in: the return is inferred from 100% done")
+    if not ph.seen_start:
+        r.notes.append("the pin had begun before hostpin attached: its time counts from the attach"
+                       + ("; progress counts all of the process's memory of that kind" if tr.basis in
+                          ("resident", "shmem") else ""))
+    if outcome == "completed" and size and r.pct is not None and r.pct < 90:
+        r.notes.append(f"the call returned at {r.pct:.0f}% of {size // (1 << 20):,} MiB: the process may pin in "
+                       "chunks, or --size is larger than this call")
+    return r

@@ -1,0 +1,160 @@
+"""Pin phases in any thread of the watched processes, noticed from samples (pure).
+
+A thread is in a pin phase while its kernel stack is inside a pin (get_user_pages under
+mlock, pin_user_pages, MADV_POPULATE, the driver's page allocation; see frames.in_pin_path)
+or its system call is mlock/mlock2/mlockall (readable without a stack, for a process one may
+ptrace), or it runs in the kernel while its process's RssShmem (or, if the driver maps its
+pages into the process only at the end, the node's Shmem) grows fast: the driver allocating
+pinned pages, whose running thread's stack cannot be read. It has left the phase when it is seen outside twice in a row: asleep (S) with a
+stack outside the pin, in another system call, or gone. A thread that goes from one kind of
+pin to another without being seen outside (a prefault, then mlock) starts a new phase. A running thread's stack is often
+cut short (the kernel does not stop it to unwind it), so a running thread with a stack that
+says nothing keeps its phase.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .frames import in_pin_path, pin_kind
+
+__all__ = ["Phase", "PhaseDetector", "PIN_CALLS"]
+
+PIN_CALLS = ("mlock", "mlock2", "mlockall")
+
+
+@dataclass
+class Phase:
+    pid: int
+    tid: int
+    comm: str | None
+    started_t: float
+    seen_start: bool
+    kind: str | None = None
+    syscall: Any = None
+    size_hint: int | None = None       # bytes, from mlock's length argument
+    ended_t: float | None = None
+    end_reason: str | None = None      # 'returned', 'thread gone', 'process gone'
+    _outside: int = field(default=0, repr=False)
+    _out_since: float | None = field(default=None, repr=False)
+
+
+# a running thread's stack is not readable, so the driver's page allocation (cudaHostAlloc: the
+# thread runs in the kernel, R with an empty stack, for 18 s at 47 GiB on the H200) is seen
+# from the thread's system time and its process's RssShmem instead
+KERNEL_SHARE = 0.8                 # of the interval spent in the kernel ...
+USER_SHARE = 0.1                   # ... and almost none in user space
+SHMEM_BYTES_S = 256 << 20          # while the process's RssShmem grows this fast (cudaHostAlloc: 2.5 GiB/s)
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _shares(th: dict, before: dict | None, dt: float) -> tuple[float, float] | None:
+    """(kernel, user) shares of the interval the thread ran, from its stat's stime and utime."""
+    if before is None or dt <= 0 or th.get("stime") is None or before.get("stime") is None:
+        return None
+    return ((th["stime"] - before["stime"]) / CLK_TCK / dt, (th.get("utime", 0) - before.get("utime", 0)) / CLK_TCK / dt)
+
+
+def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False) -> bool | None:
+    """True: in a pin; False: certainly not; None: cannot tell from this sample."""
+    frames = th.get("frames")
+    call = th.get("syscall")
+    if frames and in_pin_path(frames):
+        return True
+    if call in PIN_CALLS or allocating:
+        return True
+    if shares is not None and th.get("state") == "R" and shares[1] >= 0.5:
+        return False  # running in user space: whatever it pinned has returned
+    if frames is not None and th.get("state") in ("S", "I", "T", "t", "Z", "X"):
+        return False
+    if call not in (None, "running", "ioctl"):
+        return False
+    return None
+
+
+class PhaseDetector:
+    def __init__(self, end_after: int = 2):
+        self.end_after = end_after
+        self.active: dict[tuple[int, int], Phase] = {}
+        self.done: list[Phase] = []
+        self.samples_seen = 0
+        self.prev: dict | None = None
+        self.outside: dict[tuple[int, int], bool | None] = {}  # each thread's last verdict
+
+    def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
+        """(phases that started, phases that ended) with this sample."""
+        self.samples_seen += 1
+        started, ended = [], []
+        procs = sample.get("procs") or {}
+        prev = self.prev or {}
+        dt = sample["t"] - prev.get("t", sample["t"])
+        for pid, p in procs.items():
+            before = (prev.get("procs") or {}).get(pid) or {}
+            shmem_s = ((p.get("rss_shmem") or 0) - (before.get("rss_shmem") or 0)) / dt if before and dt > 0 else 0.0
+            if shmem_s <= 0 and dt > 0:  # the driver's pages may be mapped into the process only at the end
+                shmem_s = ((sample.get("mem") or {}).get("Shmem") or 0) - ((prev.get("mem") or {}).get("Shmem") or 0)
+                shmem_s /= dt
+            for tid, th in (p.get("threads") or {}).items():
+                key = (int(pid), int(tid))
+                shares = _shares(th, (before.get("threads") or {}).get(tid), dt)
+                allocating = bool(shares and th.get("state") in ("R", "D") and shares[0] >= KERNEL_SHARE
+                                  and shares[1] <= USER_SHARE and shmem_s >= SHMEM_BYTES_S)
+                state = _verdict(th, shares, allocating)
+                # the start was seen when the last sample showed the thread out of a pin; for a stack
+                # or a call that says "pin", a last sample that could not tell counts as outside too
+                # (an allocation seen from times needs two samples: it may have begun before either)
+                last = self.outside.get(key, True)
+                was_outside = last is False or (last is None and not allocating)
+                self.outside[key] = state
+                phase = self.active.get(key)
+                if phase is None:
+                    if state:
+                        phase = Phase(pid=int(pid), tid=int(tid), comm=th.get("comm") or p.get("name"),
+                                      started_t=prev.get("t", sample["t"]) if allocating else sample["t"],
+                                      seen_start=was_outside,
+                                      kind=pin_kind(th.get("frames") or []) or
+                                      ("mlock" if th.get("syscall") in PIN_CALLS else
+                                       "hostalloc" if allocating else None),
+                                      syscall=th.get("syscall"), size_hint=th.get("syscall_len"))
+                        self.active[key] = phase
+                        started.append(phase)
+                    continue
+                kind = pin_kind(th.get("frames") or []) or ("mlock" if th.get("syscall") in PIN_CALLS else None)
+                if kind and phase.kind and kind != phase.kind:
+                    # another call in the same thread without a visible return (a prefault, then mlock)
+                    ended.append(self._close(key, sample["t"], "returned"))
+                    phase = Phase(pid=int(pid), tid=int(tid), comm=phase.comm, started_t=sample["t"], seen_start=True,
+                                  kind=kind, syscall=th.get("syscall"), size_hint=th.get("syscall_len"))
+                    self.active[key] = phase
+                    started.append(phase)
+                    continue
+                if phase.kind is None:
+                    phase.kind = kind
+                if phase.size_hint is None and th.get("syscall_len"):
+                    phase.size_hint = th["syscall_len"]
+                if state is False:
+                    if phase._outside == 0:
+                        phase._out_since = sample["t"]
+                    phase._outside += 1
+                    if phase._outside >= self.end_after:  # it returned when it was first seen outside
+                        ended.append(self._close(key, phase._out_since, "returned"))
+                else:
+                    phase._outside = 0
+        self.prev = sample
+        for key, phase in list(self.active.items()):
+            pid, tid = key
+            p = procs.get(pid) or procs.get(str(pid))
+            if p is None:
+                ended.append(self._close(key, sample["t"], "process gone"))
+            elif tid not in (p.get("threads") or {}) and str(tid) not in (p.get("threads") or {}):
+                ended.append(self._close(key, sample["t"], "thread gone"))
+        return started, ended
+
+    def _close(self, key: tuple[int, int], t: float, reason: str) -> Phase:
+        phase = self.active.pop(key)
+        if reason != "returned" and phase._outside:  # seen out of the pin, then gone: it returned first
+            reason, t = "returned", phase._out_since
+        phase.ended_t, phase.end_reason = t, reason
+        self.done.append(phase)
+        return phase

@@ -1,0 +1,99 @@
+"""The result of `hostpin watch`, as typed data: a diag.results.Result, written by write_result."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..results import Result
+
+__all__ = ["WatchResult", "PhaseResult", "OUTCOMES"]
+
+# completed: the pin returned while watched; deadline: still pinning at --deadline; exited: the
+# process (or the thread) ended inside the pin; no-pin: no pin phase was seen; gone: nothing to
+# watch; interrupted: Ctrl-C or SIGTERM; command: the launcher form, CMD ended (its code is kept)
+OUTCOMES = ("completed", "deadline", "exited", "no-pin", "gone", "interrupted", "command")
+
+
+@dataclass
+class PhaseResult:
+    pid: int
+    tid: int
+    comm: str | None
+    kind: str | None                   # register, hostalloc, mlock, populate, pin, or None
+    started_s: float                   # since watching began
+    seen_start: bool                   # False: it was already pinning when hostpin attached
+    outcome: str                       # completed, open (still pinning), exited
+    seconds: float | None = None       # as watched: from the start (or the attach) to the return
+    size_bytes: int | None = None
+    size_from: str | None = None       # '--size' or 'mlock length'
+    pinned_pages: int | None = None
+    expected_pages: int | None = None
+    pct: float | None = None
+    rate_pages_s: float | None = None
+    eta_s: float | None = None
+    eta_basis: str | None = None
+    progress_basis: str | None = None
+    bound: str | None = None
+    bound_reason: str | None = None
+    bound_frame: str | None = None
+    bound_counts: dict[str, int] = field(default_factory=dict)
+    first_bound: str | None = None
+    first_bound_at_s: float | None = None  # since the phase was first seen
+    catalog: int | None = None
+    eta_at_20pct: dict | None = None
+    eta_error: float | None = None     # the ETA given at 20% done against the real end, as a fraction
+    eta_first: dict | None = None      # the first ETA given (also without a known total)
+    eta_first_error: float | None = None
+    shared_counters: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)   # what the process showed over the phase (Tracker.figures)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WatchResult(Result):
+    SCHEMA: ClassVar[str] = "hostpin.watch"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    mode: str                          # 'pid' or 'command'
+    pid: int | None
+    outcome: str = "no-pin"
+    verdict: str = ""
+    exit_code: int = 0
+    tool: str = "hostpin"
+    command: str = "watch"
+    argv: list[str] | None = None      # the launched command
+    name: str | None = None            # the process's name (status), never its cmdline
+    size_bytes: int | None = None
+    interval_s: float = 0.5
+    deadline_s: float | None = None
+    watched_s: float | None = None
+    phases: list[PhaseResult] = field(default_factory=list)
+    bound: str | None = None
+    bound_reason: str | None = None
+    catalog: int | None = None
+    remedy: str | None = None
+    command_exit: dict | None = None   # launcher: {"returncode", "signal"}
+    stalls: list[dict] = field(default_factory=list)
+    stacks: list[str] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    watcher: dict | None = None        # the watch's own cost: cpu_s, wall_s, cpu_pct_of_core, samples
+    facts: dict | None = None
+    run_dir: str | None = None
+
+    @property
+    def main_phase(self) -> PhaseResult | None:
+        """The phase the verdict speaks of: the longest."""
+        return max(self.phases, key=lambda p: p.seconds or 0.0) if self.phases else None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WatchResult":
+        phase_names = {f.name for f in dataclasses.fields(PhaseResult)}
+        phases = [PhaseResult(**{k: v for k, v in p.items() if k in phase_names})
+                  for p in data.get("phases") or [] if isinstance(p, dict)]
+        names = {f.name for f in dataclasses.fields(cls)} - {"phases"}
+        kwargs = {k: data[k] for k in names if k in data}
+        kwargs.setdefault("mode", data.get("mode") or "pid")
+        kwargs.setdefault("pid", data.get("pid"))
+        return cls(phases=phases, **kwargs)

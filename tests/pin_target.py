@@ -1,0 +1,125 @@
+"""A process hostpin did not start: it maps a region, puts part of it in swap, and pins it when told.
+
+    python tests/pin_target.py --size 256MiB [--swap-out 192MiB] [--source anon|file:PATH]
+                               [--method mlock|register|hostalloc] [--join CGROUP_PROCS ...]
+                               [--thp] [--exit-code N]
+
+It uses nothing of hostpin (ctypes and, for register/hostalloc, cuda.bindings), so
+`hostpin watch` meets it as it would meet a launcher. Lines on stdout, commands on stdin:
+
+    paged <VmSwap bytes>   the region is mapped, touched, and --swap-out of it MADV_PAGEOUT'ed
+    go                     (stdin) pin it now: mlock, mlockall, cudaHostRegister, or cudaHostAlloc(--size)
+    pinned <seconds>       the pin returned
+    quit                   (stdin) unpin and exit with --exit-code
+
+--join writes this process's pid into each cgroup.procs file before anything is allocated,
+so the caller can limit, reclaim and throttle it (tests and bench/gpu_issue10.sh do).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import os
+import sys
+import time
+
+PROT_RW, MAP_PRIVATE, MAP_ANON = 0x3, 0x02, 0x20
+MADV_HUGEPAGE, MADV_PAGEOUT, MADV_POPULATE_WRITE = 14, 21, 23
+UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "": 1}
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MCL_CURRENT = 1
+
+
+def size(text: str) -> int:
+    low = text.lower()
+    for unit in ("kib", "mib", "gib"):
+        if low.endswith(unit):
+            return int(float(low[:-3]) * UNITS[unit])
+    return int(low)
+
+
+def check(ret, what):
+    if ret == -1 or ret is None:
+        err = ctypes.get_errno()
+        sys.exit(f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=size, required=True)
+    ap.add_argument("--swap-out", type=size, default=0)
+    ap.add_argument("--source", default="anon")
+    ap.add_argument("--method", choices=["mlock", "mlockall", "register", "hostalloc"], default="mlock")
+    ap.add_argument("--join", action="append", default=[])
+    ap.add_argument("--thp", action="store_true")
+    ap.add_argument("--exit-code", type=int, default=0)
+    o = ap.parse_args()
+    for procs in o.join:
+        with open(procs, "w") as fh:
+            fh.write("0")
+    cuda = None
+    if o.method in ("register", "hostalloc"):
+        from cuda.bindings import runtime as cuda
+        assert cuda.cudaFree(0)[0] == cuda.cudaError_t.cudaSuccess, "no CUDA context"
+    addr = None
+    if o.method != "hostalloc":
+        fd = -1
+        flags = MAP_PRIVATE
+        if o.source.startswith("file:"):
+            fd = os.open(o.source[5:], os.O_RDONLY)
+        else:
+            flags |= MAP_ANON
+        addr = libc.mmap(None, o.size, PROT_RW, flags, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
+        if o.thp:
+            check(libc.madvise(addr, o.size, MADV_HUGEPAGE), "madvise(HUGEPAGE)")
+        if o.source == "anon":
+            check(libc.madvise(addr, o.size, MADV_POPULATE_WRITE), "madvise(POPULATE_WRITE)")
+            view = (ctypes.c_char * o.size).from_address(addr)
+            for off in range(0, o.size, 4096):  # a non-zero byte per page: zero pages skip swap since 6.12
+                view[off] = b"\x5a"
+        if o.swap_out:
+            check(libc.madvise(addr, o.swap_out, MADV_PAGEOUT), "madvise(PAGEOUT)")
+    swap = 0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmSwap:"):
+                swap = int(line.split()[1]) * 1024
+    say(f"paged {swap}")
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    t0 = time.monotonic()
+    if o.method == "mlock":
+        check(libc.mlock(addr, o.size), "mlock")
+    elif o.method == "mlockall":  # no length in the call: a watcher cannot read the size from it
+        check(libc.mlockall(MCL_CURRENT), "mlockall")
+    elif o.method == "register":
+        err, = cuda.cudaHostRegister(addr, o.size, 0)
+        assert err == cuda.cudaError_t.cudaSuccess, err
+    else:
+        err, ptr = cuda.cudaHostAlloc(o.size, 0)
+        assert err == cuda.cudaError_t.cudaSuccess, err
+    say(f"pinned {time.monotonic() - t0:.3f}")
+    sys.stdin.readline()
+    if o.method == "register":
+        cuda.cudaHostUnregister(addr)
+    elif o.method == "hostalloc":
+        cuda.cudaFreeHost(ptr)
+    return o.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

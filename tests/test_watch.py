@@ -1,0 +1,286 @@
+"""`hostpin watch` on real processes it did not start, with the real kernel: a region put into
+swap for real (a swap file and a memory cgroup), reads from the swap device or the file's disk
+throttled for the target's cgroup; the target is tests/pin_target.py, which uses nothing of
+hostpin. Root is needed for swap, cgroups and kernel stacks; skipped with the reason otherwise."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.evidence import load_manifest, verify_manifest
+from repro.cgroups import PREFIX as CG_PREFIX, CgroupError, RunCgroup, block_device_for, cgroup_layout, file_device
+from repro.filecache import evict
+from repro.swapfile import SwapFile, active_swaps
+
+from conftest import IS_ROOT, REPO, hostpin
+
+TARGET = Path(__file__).parent / "pin_target.py"
+RATE = 16_000_000  # 16 MB/s: ~3,900 pages/s, the order of the paper's slow node (2,800)
+
+
+def _usable() -> str | None:
+    if not IS_ROOT:
+        return "swap files, cgroups and kernel stacks need root"
+    try:
+        layout = cgroup_layout()
+    except CgroupError as exc:
+        return str(exc)
+    return "no blkio controller" if layout["version"] == 1 and not layout["io"] else None
+
+
+needs_node = pytest.mark.skipif(_usable() is not None, reason=f"{_usable()}")
+
+
+class Target:
+    """tests/pin_target.py in a throttled cgroup of its own, maybe under a wrapper (argv prefix)."""
+
+    def __init__(self, cg: RunCgroup, *args: str, wrapper: tuple[str, ...] = ()):
+        joins = [a for path in cg.join_files() for a in ("--join", path)]
+        self.proc = subprocess.Popen([*wrapper, sys.executable, str(TARGET), *args, *joins], cwd=REPO,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.cg = cg
+
+    def expect(self, word: str) -> str:
+        line = self.proc.stdout.readline().strip()
+        assert line.startswith(word), (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
+        return line
+
+    def say(self, word: str) -> None:
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+
+
+@pytest.fixture
+def node():
+    """A 1 GiB swap file and a cgroup for the target (memory + blkio/io); removed afterwards."""
+    swap = SwapFile("/var/tmp", 1 << 30).create()
+    cg = None
+    started: list[Target] = []
+    try:
+        cg = RunCgroup(f"{CG_PREFIX}test-watch-{os.getpid()}").create(want_io=True)
+
+        def start(*args: str, wrapper: tuple[str, ...] = ()) -> Target:
+            target = Target(cg, *args, wrapper=wrapper)
+            started.append(target)
+            return target
+
+        yield cg, start
+    finally:
+        for t in started:
+            if t.proc.poll() is None:
+                t.proc.kill()
+                t.proc.wait(timeout=30)
+        if cg is not None:
+            assert cg.remove() == []
+        assert swap.remove() == []
+
+
+def _swap_out_and_throttle(cg: RunCgroup) -> None:
+    cg.drop_swap_cache()  # the pages written to swap leave the swap cache: each must be read back
+    for disk in {block_device_for(dev) for dev in active_swaps()}:
+        cg.throttle_reads(disk, RATE)
+
+
+def _watch(tmp_path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "repro.cli", "watch", "--out", str(tmp_path / "runs"), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@needs_node
+def test_watch_pid_names_swap_in_and_predicts_the_end(node, tmp_path):
+    """A 256 MiB region, 192 MiB of it in swap, swap-in at 16 MB/s, mlocked by a process hostpin
+    did not start; two watches attach while it pins: one with --size, one without."""
+    cg, start = node
+    target = start("--size", "256MiB", "--swap-out", "192MiB", "--thp")
+    swapped = int(target.expect("paged").split()[1])
+    _swap_out_and_throttle(cg)
+    target.say("go")
+    time.sleep(0.3)  # attach in the middle of the pin, as an operator would
+    with_size = _watch(tmp_path, "--pid", str(target.proc.pid), "--size", "256MiB", "--json")
+    without = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+    took = float(target.expect("pinned").split()[1])
+    results = []
+    for w in (with_size, without):  # each ends by itself when it sees the pin return
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+        assert "Traceback" not in err
+        results.append(json.loads(out))
+    target.say("quit")
+    assert target.proc.wait(timeout=30) == 0  # never signalled, stopped or slowed into failure
+    a, b = results
+    assert swapped >= 150 << 20 and 6 < took < 40
+    assert a["schema"] == "hostpin.watch" and a["outcome"] == "completed" and a["bound"] == "swap-in"
+    ph = a["phases"][0]
+    assert ph["kind"] == "mlock" and ph["seen_start"] is False and ph["size_from"] == "--size"
+    assert ph["started_s"] + ph["first_bound_at_s"] <= 2.0, ph  # named within 2 s of attaching
+    assert ph["eta_at_20pct"] is not None and abs(ph["eta_error"]) <= 0.25, ph
+    assert "still in swap" in ph["eta_at_20pct"]["basis"]
+    assert ph["catalog"] == 1 and "do_swap_page" in ph["bound_reason"]
+    assert "swap" in a["verdict"] and a["remedy"]
+    # without --size: the bound and an ETA from what the process shows (VmSwap, mlock's length)
+    pb = b["phases"][0]
+    assert pb["bound"] == "swap-in" and pb["size_from"] == "mlock length"
+    assert pb["eta_first"] is not None and "still in swap" in pb["eta_first"]["basis"]
+    assert abs(pb["eta_first_error"]) <= 0.25, pb
+    # the evidence: a run directory with its manifest, the timeline, the stacks, the result
+    run = Path(a["run_dir"])
+    assert verify_manifest(run) == []
+    kinds = {e["path"]: e["kind"] for e in load_manifest(run)["entries"]}
+    assert kinds["timeline.jsonl"] == "timeline" and kinds["stacks-start.txt"] == "stacks"
+    assert f"### tid {target.proc.pid} state " in (run / "stacks-start.txt").read_text()  # a snapshot: R or D
+    lines = (run / "timeline.jsonl").read_text().splitlines()
+    assert len(lines) >= 10 and json.loads(lines[3])["progress"]["bound"] == "swap-in"
+    assert a["watcher"]["cpu_pct_of_core"] < 5.0
+    report = hostpin("report", str(run), "--format", "text", "--no-picture")
+    assert report.returncode == 0 and "swap-in" in report.stdout
+    assert "Kernel stack" in report.stdout and "do_swap_page" in report.stdout.split("Kernel stack", 1)[1]
+
+
+@needs_node
+def test_watch_command_heartbeats_and_passes_the_exit_code(node, tmp_path):
+    """The launcher form around the same kind of process, pinning with mlockall (no length in
+    the call: the heartbeat's ETA comes from VmSwap alone)."""
+    cg, start = node
+    wrapper = (sys.executable, "-m", "repro.cli", "watch", "--heartbeat", "1", "--out", str(tmp_path / "runs"), "--")
+    target = start("--size", "256MiB", "--swap-out", "192MiB", "--thp", "--method", "mlockall", "--exit-code", "7",
+                   wrapper=wrapper)
+    target.expect("paged")
+    _swap_out_and_throttle(cg)
+    target.say("go")
+    target.expect("pinned")
+    target.say("quit")
+    out, err = target.proc.communicate(timeout=60)
+    assert target.proc.returncode == 7, err
+    beats = [line for line in err.splitlines() if line.startswith("hostpin: pid") and " pinning" in line]
+    assert len(beats) >= 3, err
+    # a beat that falls after the swap emptied (the pin about to return) says so instead of an ETA
+    during = [b for b in beats[1:] if "nothing left in swap" not in b]
+    assert len(during) >= 2 and all("bound swap-in" in b and "still in swap" in b and "ETA" in b for b in during), \
+        "\n".join(beats)
+    assert not any(" at -" in b for b in beats), "\n".join(beats)  # never a negative rate
+    run = Path(err.strip().splitlines()[-1].rsplit("evidence: ", 1)[1].rstrip(")"))
+    result = json.loads((run / "result.json").read_text())
+    assert result["mode"] == "command" and result["command_exit"]["returncode"] == 7 and result["exit_code"] == 7
+    ph = result["phases"][0]
+    assert ph["bound"] == "swap-in" and ph["seen_start"] is True and ph["outcome"] == "completed"
+    # mlockall also faults in the rest of the process first, so its first seconds run slower:
+    # the ETA's accuracy is the --pid test's; here it must be there, from VmSwap
+    assert ph["size_bytes"] is None and "still in swap" in ph["eta_first"]["basis"], ph
+    assert verify_manifest(run) == []
+
+
+@needs_node
+def test_file_read_is_named(node, tmp_path):
+    """A 256 MiB file with data on disk, its page cache dropped, reads throttled to 16 MB/s:
+    `repro register --read-rate` pins it; then (held out: another size, a process hostpin did not
+    start) `watch --pid` on an independent mlock of a 96 MiB file."""
+    path = Path("/var/tmp") / f"hostpin-test-file-{os.getpid()}.bin"
+    try:
+        with open(path, "wb") as fh:
+            for _ in range(256):
+                fh.write(b"\x5a" * (1 << 20))
+        r = hostpin("repro", "register", "--json", "--out", str(tmp_path / "runs"), "--size", "256MiB", "--method",
+                    "mlock", "--source", f"file:{path}", "--no-prefault", "--read-rate", "16MB/s", timeout=120)
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["bound"] == "file-read" and res["outcome"] == "slow", res["verdict"]
+        assert res["file_cache"]["cached_after"] < 0.05 and res["throttle"]["devices"] == [file_device(str(path))]
+        assert res["pin_figures"]["read_bytes"] >= 200 << 20 and 10 < res["seconds"] < 40
+        assert "read from" in res["verdict"] and res["first_bound_at_s"] <= 2.0
+        assert all(step["ok"] for step in res["cleanup"])
+        # held out
+        cg, start = node
+        evict(str(path))
+        cg.throttle_reads(file_device(str(path)), RATE)
+        target = start("--size", "96MiB", "--source", f"file:{path}")
+        target.expect("paged")
+        target.say("go")
+        time.sleep(0.3)
+        w = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+        target.expect("pinned")
+        out, err = w.communicate(timeout=60)
+        target.say("quit")
+        assert w.returncode == 0, err
+        a = json.loads(out)
+        ph = a["phases"][0]
+        assert ph["bound"] == "file-read" and "filemap_fault" in ph["bound_reason"], ph
+        assert ph["figures"]["read_bytes"] >= 48 << 20 and ph["size_from"] == "mlock length"
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_watch_command_passes_signals_and_exit_codes(tmp_path):
+    handler = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+               "print('ready', flush=True)\ntime.sleep(30)\n")
+    for code, expected in ((handler, 42), ("import time\nprint('ready', flush=True)\ntime.sleep(30)\n", 128 + 15)):
+        p = subprocess.Popen([sys.executable, "-m", "repro.cli", "watch", "--out", str(tmp_path), "--",
+                              sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == expected, err
+        assert "no pin phase was seen" in err and "Traceback" not in err
+        run = Path(err.strip().rsplit("evidence: ", 1)[1].rstrip(")"))
+        result = json.loads((run / "result.json").read_text())
+        assert result["command_exit"]["signals_passed"] == ["SIGTERM"]
+    r = hostpin("watch", "--out", str(tmp_path), "--", "/nonexistent/serve")
+    assert r.returncode == 127 and "command not found" in r.stderr
+
+
+def test_watch_usage_and_nothing_to_watch(tmp_path):
+    r = hostpin("watch", "--out", str(tmp_path))
+    assert r.returncode == 2 and "either --pid" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = hostpin("watch", "--pid", "1", "--out", str(tmp_path), "--", "true")
+    assert r.returncode == 2
+    r = hostpin("watch", "--pid", "4194304", "--json", "--out", str(tmp_path))  # above pid_max's ceiling
+    assert r.returncode == 3 and json.loads(r.stdout)["outcome"] == "gone"
+
+
+def test_watch_a_process_that_does_not_pin(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = hostpin("watch", "--pid", str(sleeper.pid), "--deadline", "1", "--json", "--out", str(tmp_path))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    res = json.loads(r.stdout)
+    assert r.returncode == 1 and res["outcome"] == "no-pin" and "no pin phase seen" in res["verdict"]
+    assert verify_manifest(res["run_dir"]) == []
+
+
+def test_the_sampler_never_reads_what_takes_the_mmap_lock():
+    """Every path the sampler opens on a live multi-threaded process, seen by an audit hook."""
+    from diag.watch.sampler import Sampler
+    opened: list[str] = []
+    active = [True]
+
+    def hook(event, args):
+        if active[0] and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+            opened.append(os.fsdecode(args[0]))
+
+    sys.addaudithook(hook)
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "[threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]\n"
+                              "time.sleep(30)\n"])
+    try:
+        time.sleep(0.3)
+        sampler = Sampler()
+        for i in range(3):
+            s = sampler.sample(i * 0.5, [child.pid], {child.pid: {child.pid}})
+    finally:
+        active[0] = False
+        child.kill()
+        child.wait()
+    assert len(s["procs"][child.pid]["threads"]) == 4
+    mine = [p for p in opened if f"/{child.pid}/" in p]
+    assert any(p.endswith("/status") for p in mine) and any(p.endswith("/stat") for p in mine)
+    assert not [p for p in mine if p.rsplit("/", 1)[1] in ("maps", "smaps", "smaps_rollup", "cmdline", "environ",
+                                                           "mem", "pagemap", "numa_maps")]
