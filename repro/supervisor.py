@@ -17,7 +17,7 @@ from typing import Any, Callable
 from diag.evidence import RunDir
 from diag.watch.sampler import Sampler
 from diag.watch.timeline import TimelineWriter, write_stacks
-from diag.watch.tracker import Tracker, progress_signature, targets_sum
+from diag.watch.tracker import Tracker, moved, progress_signature, targets_sum
 
 from .children import Child, kill_and_wait
 
@@ -85,7 +85,7 @@ class Supervisor:
         prog["phase"] = self.phase
         s["progress"] = self.progress = prog
         sig = progress_signature(s, pins=self.method == "register")
-        if sig != self._sig:
+        if moved(sig, self._sig):
             self._sig, self._progress_t = sig, s["t"]
         self.writer.write(s)
         self.last = s

@@ -383,3 +383,35 @@ def test_a_driver_allocation_is_seen_without_a_stack(mapped_as_it_goes):
     assert tr.summary()["bound"] == "fault-in/zeroing"
     assert tr.summary()["progress_basis"] == ("shmem" if mapped_as_it_goes else "node-shmem")
     assert tr.summary()["pinned_pages"] == (8 << 30) // 4096
+
+
+def test_a_pin_stuck_faulting_on_the_h200_is_seen_and_stalls():
+    """Recorded on the H200 (bench/gpu_issue10.sh case B): cudaHostRegister of a 16 GiB MAP_PRIVATE
+    file with its page cache dropped and reads throttled to 280 MB/s. The registering thread ran
+    in the kernel for 200 s (R: no stack, no system call readable), faulting ~840k times a second,
+    while nothing was read, RSS stayed flat and pins outstanding did not move. The watch of that
+    process (h200-watch-file-throttled) saw no pin phase then; replayed now, the thread's kernel
+    time and fault rate are a pin phase, and nothing that counts as progress moves: a stall."""
+    result, samples = _recorded(FIXTURES / "h200-watch-file-throttled")
+    assert result["outcome"] == "no-pin"  # what the watch said at the time
+    pid = str(result["pid"])
+    det = PhaseDetector()
+    started = [ph for s in samples for ph in det.update(s)[0]]
+    assert [(ph.pid, ph.tid) for ph in started][:1] == [(int(pid), int(pid))]
+    book = PhaseBook(size_bytes=16 * GiB)
+    for s in samples:
+        book.update(s)
+    (ph, tr), = list(book.open.values()) + book.closed
+    assert ph.tid == int(pid) and tr.stalled_for(samples[-1]["t"]) >= 120.0
+
+
+def test_the_stuck_registration_is_a_stall_for_repro_too():
+    """The same pin under repro's supervisor (h200-repro-file-throttled, killed at its 200 s
+    deadline): with faults no longer counted as progress, no progress for 120 s is a stall."""
+    result, samples = _recorded(FIXTURES / "h200-repro-file-throttled")
+    pin = [s for s in samples if s.get("phase") == "pin"]
+    tr = Tracker(size_bytes=16 * GiB, basis="pins", pids=set(pin[0]["procs"]))
+    tr.begin(pin[0], seen_start=True)
+    for s in pin[1:]:
+        tr.update(s)
+    assert result["outcome"] == "killed" and tr.stalled_for(pin[-1]["t"]) >= 120.0

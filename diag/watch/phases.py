@@ -5,7 +5,8 @@ mlock, pin_user_pages, MADV_POPULATE, the driver's page allocation; see frames.i
 or its system call is mlock/mlock2/mlockall (readable without a stack, for a process one may
 ptrace), or it runs in the kernel while its process's RssShmem (or, if the driver maps its
 pages into the process only at the end, the node's Shmem) grows fast: the driver allocating
-pinned pages, whose running thread's stack cannot be read. It has left the phase when it is seen outside twice in a row: asleep (S) with a
+pinned pages, whose running thread's stack cannot be read; or it runs in the kernel faulting
+tens of thousands of pages a second: get_user_pages faulting a region in. It has left the phase when it is seen outside twice in a row: asleep (S) with a
 stack outside the pin, in another system call, or gone. A thread that goes from one kind of
 pin to another without being seen outside (a prefault, then mlock) starts a new phase. A running thread's stack is often
 cut short (the kernel does not stop it to unwind it), so a running thread with a stack that
@@ -46,6 +47,10 @@ class Phase:
 KERNEL_SHARE = 0.8                 # of the interval spent in the kernel ...
 USER_SHARE = 0.1                   # ... and almost none in user space
 SHMEM_BYTES_S = 256 << 20          # while the process's RssShmem grows this fast (cudaHostAlloc: 2.5 GiB/s)
+# ... or while the thread itself faults this fast: get_user_pages faulting pages in for a pin
+# (the H200's stuck 16 GiB file registration: R, 98% in the kernel, 840k faults/s, its stack
+# and system call unreadable because it never stopped running)
+FAULTS_S = 20_000
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -54,6 +59,12 @@ def _shares(th: dict, before: dict | None, dt: float) -> tuple[float, float] | N
     if before is None or dt <= 0 or th.get("stime") is None or before.get("stime") is None:
         return None
     return ((th["stime"] - before["stime"]) / CLK_TCK / dt, (th.get("utime", 0) - before.get("utime", 0)) / CLK_TCK / dt)
+
+
+def _faults_per_s(th: dict, before: dict | None, dt: float) -> float:
+    if before is None or dt <= 0 or th.get("minflt") is None or before.get("minflt") is None:
+        return 0.0
+    return ((th["minflt"] + (th.get("majflt") or 0)) - (before["minflt"] + (before.get("majflt") or 0))) / dt
 
 
 def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False) -> bool | None:
@@ -97,9 +108,12 @@ class PhaseDetector:
                 shmem_s /= dt
             for tid, th in (p.get("threads") or {}).items():
                 key = (int(pid), int(tid))
-                shares = _shares(th, (before.get("threads") or {}).get(tid), dt)
-                allocating = bool(shares and th.get("state") in ("R", "D") and shares[0] >= KERNEL_SHARE
-                                  and shares[1] <= USER_SHARE and shmem_s >= SHMEM_BYTES_S)
+                th_before = (before.get("threads") or {}).get(tid)
+                shares = _shares(th, th_before, dt)
+                faults_s = _faults_per_s(th, th_before, dt)
+                in_kernel = bool(shares and th.get("state") in ("R", "D") and shares[0] >= KERNEL_SHARE
+                                 and shares[1] <= USER_SHARE)
+                allocating = in_kernel and (shmem_s >= SHMEM_BYTES_S or faults_s >= FAULTS_S)
                 state = _verdict(th, shares, allocating)
                 # the start was seen when the last sample showed the thread out of a pin; for a stack
                 # or a call that says "pin", a last sample that could not tell counts as outside too
@@ -115,7 +129,7 @@ class PhaseDetector:
                                       seen_start=was_outside,
                                       kind=pin_kind(th.get("frames") or []) or
                                       ("mlock" if th.get("syscall") in PIN_CALLS else
-                                       "hostalloc" if allocating else None),
+                                       "hostalloc" if allocating and shmem_s >= SHMEM_BYTES_S else None),
                                       syscall=th.get("syscall"), size_hint=th.get("syscall_len"))
                         self.active[key] = phase
                         started.append(phase)

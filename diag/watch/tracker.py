@@ -25,7 +25,7 @@ from typing import Any
 
 from .bounds import catalog_for, classify, estimate_eta
 
-__all__ = ["Tracker", "progress_signature", "targets_sum"]
+__all__ = ["Tracker", "progress_signature", "moved", "targets_sum"]
 
 
 def targets_sum(sample: dict, key: str, pids=None) -> int:
@@ -42,14 +42,29 @@ def _pins(sample: dict) -> int:
 
 
 def progress_signature(sample: dict, pids=None, pins: bool = False) -> tuple:
-    """What must move for a pin to count as progressing: the targets' own memory, faults and
-    disk reads; with `pins`, also pins outstanding (system-wide: for a register, whose
-    resident pages move nothing of the process's own)."""
-    faults = sum((p.get("minflt") or 0) + (p.get("majflt") or 0) for pid, p in (sample.get("procs") or {}).items()
-                 if pids is None or str(pid) in pids or pid in pids)
+    """What must move for a pin to count as progressing: the targets' own memory and disk reads;
+    with `pins`, also pins outstanding (system-wide: for a register, whose resident pages move
+    nothing of the process's own). Faults alone are no progress: a pin that faults the same pages
+    again and again (seen on the H200: a MAP_PRIVATE file behind a read throttle, 940k faults/s
+    for 200 s with no page pinned, nothing read and RSS flat) is stuck, not working."""
     return (targets_sum(sample, "vm_swap", pids), targets_sum(sample, "vm_rss", pids),
-            targets_sum(sample, "rss_shmem", pids), targets_sum(sample, "read_bytes", pids), faults,
+            targets_sum(sample, "rss_shmem", pids), targets_sum(sample, "read_bytes", pids),
             _pins(sample) if pins else 0)
+
+
+MOVE_BYTES = 4 << 20   # a figure must move this far (pins: this many bytes of pages) to count as progress
+MOVE_PAGES = 1024
+
+
+def moved(sig: tuple, ref: tuple | None) -> bool:
+    """Whether a progress signature has moved since `ref` (the signature when progress was last
+    seen) by more than jitter: RSS that swings by a huge page and back (the H200's stuck pin:
+    ±2 MiB for 200 s) is no progress, and a slow pin's small steps add up until they count."""
+    if ref is None or len(ref) != len(sig):
+        return True
+    *byte_figures, pins = sig
+    *ref_bytes, ref_pins = ref
+    return any(abs(a - b) >= MOVE_BYTES for a, b in zip(byte_figures, ref_bytes)) or abs(pins - ref_pins) >= MOVE_PAGES
 
 
 class Tracker:
@@ -238,7 +253,7 @@ class Tracker:
             self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": round(pct, 2),
                               "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
         sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
-        if sig != self._last_sig:
+        if moved(sig, self._last_sig):
             self._last_sig = sig
             self.last_progress_t = t
         self.progress = prog
