@@ -217,10 +217,11 @@ class SideFigures:
 
 @dataclass
 class StagingResult(Result):
-    """`hostpin repro staging`'s result (schema 2: corrected for per-CPU lists, with a control arm).
-    Results recorded by the first version (no schema) stay dicts: they are uncorrected."""
+    """`hostpin repro staging`'s result. Schema 2: corrected for per-CPU lists, with a control arm,
+    an effect attributed past the noise; 3: past twice the noise (same fields). Results recorded
+    by the first version (no schema) stay dicts: they are uncorrected."""
     SCHEMA: ClassVar[str] = "hostpin.repro.staging"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
 
     outcome: str
     verdict: str

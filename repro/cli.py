@@ -190,7 +190,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     process. After each burst the buffers are freed and the memory accounting settles: in use
     (MemTotal - MemAvailable) without the pages parked on per-CPU free lists and the watermark
     boost's share, net of the process's RSS. What stays is attributed to the driver only when
-    it exceeds the control arm by more than the noise, and is located (vmalloc, shmem, kernel,
+    it exceeds the control arm by more than twice the noise, and is located (vmalloc, shmem, kernel,
     unevictable, pins outstanding, the cgroup). Exit code 0: measured; 1: every repeat failed;
     3: no GPU for a CUDA side (--sides control runs without one); 4: refused.
     """

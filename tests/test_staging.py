@@ -149,7 +149,14 @@ def test_every_recorded_run_adds_up_and_its_control_is_near_zero(run):
             prev = s["after"]
     recorded = json.loads((run / "result.json").read_text())
     fresh = summarize(reps)
-    assert recorded["verdict"].endswith(verdict(fresh))  # an interrupted run prefixes it
+    if recorded["schema_version"] == StagingResult.SCHEMA_VERSION:
+        assert recorded["verdict"].endswith(verdict(fresh))  # an interrupted run prefixes it
+    else:  # schema 2 attributed past the noise, not twice the noise: the figures must still agree
+        assert recorded["schema_version"] == 2
+        for side, f in recorded["sides"].items():
+            b = fresh["sides"][side].get("beyond_control")
+            assert f.get("beyond_control_bytes") == (b["median"] if b else None)
+            assert f["noise_bytes"] == fresh["sides"][side]["noise_bytes"]
     for side, f in recorded["sides"].items():
         assert f["retained_bytes"] == fresh["sides"][side]["retained"]["median"]
     if "control" in recorded["sides"]:
@@ -172,7 +179,8 @@ def test_ci_control_result_is_near_zero_and_matches_a_fresh_summary(case):
 
 def test_json_contract():
     r = json.loads((CI / "defaults" / "result.json").read_text())
-    assert r["schema"] == StagingResult.SCHEMA and r["schema_version"] == StagingResult.SCHEMA_VERSION
+    # recorded under schema 2; 3 changed the attribution threshold, not the fields of the contract
+    assert r["schema"] == StagingResult.SCHEMA and r["schema_version"] in (2, StagingResult.SCHEMA_VERSION)
     assert {"outcome", "verdict", "sides", "corrections"} <= set(r)
     side = r["sides"]["control"]
     assert {"retained_bytes", "retained_range_bytes", "noise_bytes", "attribution", "throughput_gb_s"} <= set(side)
@@ -304,3 +312,23 @@ def test_report_of_a_control_run(tmp_path):
     body = text[text.index("## Staging memory"):]
     assert "| control |" in body and "per-CPU free lists moved" in body and "settled" in body
     assert "came back during the hold" in body and "apply:" not in body
+
+
+def test_two_device_calls_of_the_defaults_agree_and_attribute_nothing():
+    """Issue 8's done-when on the H200 (open driver 580.159.04, kernel 6.18): the defaults (3 GiB,
+    24 threads, 3 repeats) in two separate device calls agree within max(10 MiB, 20%), agree with
+    the control arm, and, counted past twice the noise, attribute nothing to the driver (the first
+    call's ~2 MiB against a noise of ±1.4 MiB was 'retained' under schema 2's rule)."""
+    calls = [FIXTURES / "h200-staging-8" / name for name in ("defaults", "defaults-call2")]
+    figures = []
+    for run in calls:
+        summary = summarize(repeats(run.parent, run.name))
+        figures.append(summary)
+        assert verdict(summary).startswith("pageable copies: no staging memory retained: ")
+        assert reserve_bytes(summary) == 0
+    for side in ("pageable", "pinned", "control"):
+        a, b = (f["sides"][side]["retained"]["median"] for f in figures)
+        assert abs(a - b) <= max(10 * MiB, 0.2 * max(abs(a), abs(b))), (side, a / MiB, b / MiB)
+    for f in figures:
+        control = f["sides"]["control"]["retained"]["median"]
+        assert abs(f["sides"]["pageable"]["retained"]["median"] - control) <= 10 * MiB
