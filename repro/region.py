@@ -50,11 +50,14 @@ class FileSourceError(ValueError):
     """A --source file:PATH that cannot be used without writing the user's file."""
 
 
-def existing_file_flags(path: str, size: int, method: str, register_flags: str) -> str:
+def existing_file_flags(path: str, size: int, method: str, register_flags: str, map_kind: str = "shared") -> str:
     """The registration flags for --source file:PATH. A path that does not exist yet is the
-    run's own file (created, written, removed): flags as asked. An existing file is the user's:
-    it is only ever mapped read-only, so it is registered with cudaHostRegisterReadOnly, and a
-    mode that needs a writable pin, or a file shorter than the region, is refused."""
+    run's own file (created, written, removed): flags as asked. An existing file is the user's
+    and is never written: shared, it is mapped read-only and registered with
+    cudaHostRegisterReadOnly (a mode that needs a writable pin is refused); private, it is opened
+    read-only and its writes land in private copies (copy-on-write), never in the file, so the
+    flags are as asked: a launcher's MAP_PRIVATE table with default flags is what runs in
+    production. A file shorter than the region is refused either way."""
     import stat as _stat
     try:
         st = os.stat(path)
@@ -71,7 +74,7 @@ def existing_file_flags(path: str, size: int, method: str, register_flags: str) 
                               "path (the run creates it and removes it afterwards)")
     if not os.access(path, os.R_OK):
         raise FileSourceError(f"--source file:{path} is not readable")
-    if method == "register":
+    if method == "register" and map_kind != "private":
         if register_flags in ("portable", "mapped"):
             raise FileSourceError(f"--register-flags {register_flags} pins --source file:{path} writable, and an "
                                   "existing file is only ever mapped read-only (hostpin never writes your file): use "
@@ -130,7 +133,7 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
         try:  # the run's own file: created now, grown to the region, removed with it
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             unlink = True
-        except FileExistsError:  # the user's file: read-only, never grown, kept
+        except FileExistsError:  # the user's file: opened read-only, never grown, kept
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size < size:
@@ -138,8 +141,11 @@ def map_region(size: int, source: str = "anon", map_kind: str = "private", writa
                 what = ("not a regular file" if not stat.S_ISREG(st.st_mode)
                         else f"smaller than the region ({size} bytes)")
                 raise LibcError(errno.EINVAL, f"{path} is {what}; an existing file is never grown or written")
-            writable = False
-            prot = PROT_READ
+            if map_kind == "shared":  # a shared mapping's writes would reach the file: read-only
+                writable = False
+                prot = PROT_READ
+            # private: PROT_WRITE on a read-only descriptor is allowed, and every write is a
+            # private copy of the page (the file is never written)
     else:
         raise ValueError(f"unknown source {source!r}")
     try:

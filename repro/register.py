@@ -112,7 +112,8 @@ def validate(opts: ReproOptions) -> None:
         raise ReproUsageError("--register-flags applies to --method register only")
     if opts.source.startswith("file:"):  # an existing file is the user's: read-only, never written
         try:
-            opts.register_flags = existing_file_flags(opts.source[5:], opts.size, opts.method, opts.register_flags)
+            opts.register_flags = existing_file_flags(opts.source[5:], opts.size, opts.method, opts.register_flags,
+                                                      opts.map)
         except FileSourceError as exc:
             raise ReproUsageError(str(exc)) from None
     if opts.chunk is not None and opts.chunk % PAGE_SIZE:

@@ -403,6 +403,8 @@ def test_a_pin_stuck_faulting_on_the_h200_is_seen_and_stalls():
         book.update(s)
     (ph, tr), = list(book.open.values()) + book.closed
     assert ph.tid == int(pid) and tr.stalled_for(samples[-1]["t"]) >= 120.0
+    c = classify(samples[200:205], None, None, {pid})
+    assert c["bound"] == "fault-in/zeroing" and "faulted again and again" in c["reason"], c["reason"]
 
 
 def test_the_stuck_registration_is_a_stall_for_repro_too():

@@ -30,6 +30,10 @@ from .frames import BOUNDS, in_pin_path, stack_bound
 __all__ = ["BOUNDS", "catalog_for", "remedy_for", "signals", "stack_votes", "classify", "estimate_eta",
            "busy_threads"]
 
+# more faults than this per page of progress is a fault loop, not a fault-in (one fault per
+# page, or per huge page)
+REFAULTS = 100
+
 # stacks that say only "in the pin" or "in the driver": counters that name a cause outrank them
 _WEAK = ("cpu", "driver")
 
@@ -278,6 +282,12 @@ def classify(window: list[dict], progress_pages_s: float | None = None, last_fra
     if sig["pgmigrate_success"] > 0 and sig["pins_released"] > 0:
         return result("migration", "")
     shmem_rising = (sig["proc_shmem_pages_s"] or 0) > 0 or (sig["sys_shmem_pages_s"] or 0) > 0
+    faults_s = sig["proc_minflt_s"] or 0
+    if faults_s > 20000 and (progress or 0) * REFAULTS < faults_s and not shmem_rising:
+        # seen on the H200: a read-only registration of a MAP_PRIVATE file with a cold page cache,
+        # 840k-1.35M faults/s for minutes while nothing was read, allocated or pinned
+        return result("fault-in/zeroing", "the same pages are faulted again and again: almost nothing is allocated, "
+                                          "read or pinned for the faults taken (a fault loop, not progress)")
     if moving and ((sig["proc_minflt_s"] or 0) > 20000 or sig["thp_fault_alloc"] > 0 or sig["sys_pgfault_s"] > 20000
                    or shmem_rising):
         return result("fault-in/zeroing", "pages are allocated and zeroed as the pin goes")
