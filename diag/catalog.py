@@ -346,6 +346,19 @@ ENTRIES: tuple[Entry, ...] = (
           "watch MemAvailable and pins outstanding, never locked memory",
           "measured on the H200: VmLck/VmPin 0 for every registered or cudaHostAlloc'd byte; Shmem, Mapped, "
           "RssShmem and pins outstanding +4,096 MiB for a 4 GiB cudaHostAlloc", lambda f: f.uses_gpu),
+    Entry(17, "read-only pin of a cold private file mapping",
+          "cudaHostRegisterReadOnly of a MAP_PRIVATE file mapping whose pages are not in the page cache "
+          "(seen on kernel 6.18.44 with open driver 580.159.04; other versions not measured)", "kernel",
+          "the registering thread runs in the kernel (R, no readable stack) faulting ~1.3M pages a second for "
+          "minutes while nothing is read, allocated or pinned: a fault loop", (), (), ("fault-in/zeroing",),
+          "register the MAP_PRIVATE mapping with default flags (its writes are private copies: the file is never "
+          "written; measured: 4 GiB cold in 3.0 s), or read the file into the page cache first (vmtouch -t, or cat "
+          "FILE > /dev/null; measured warm: 2 GiB read-only in 1.2 s)",
+          "measured on the H200 (6.18.44, 580.159.04): 4 GiB and 16 GiB cold files, read-only flag, with and without a "
+          "read throttle, 1% pinned in 30 s and 0% in 200 s (tests/fixtures/h200-repro-file-throttled, "
+          "bench/gpu_watch_stuck.py); a hypothesis about this kernel and driver until measured elsewhere",
+          lambda f: bool(f.uses_gpu and f.method == "register" and f.source == "file" and f.map == "private"
+                         and f.readonly)),
 )
 
 _BY_ID = {e.id: e for e in ENTRIES}

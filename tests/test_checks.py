@@ -680,3 +680,18 @@ def test_every_check_returns_a_complete_verdict(root, method):
     assert order == sorted(order, key=[ERROR, FAIL, WARN, PASS, SKIP].index)
     expected = 3 if ERROR in order else 1 if FAIL in order else 0
     assert result["exit_code"] == expected
+
+
+def test_a_read_only_registration_of_a_private_file_warns_catalog_17(run_cli):
+    """Catalog 17, measured on the H200 whose snapshot this is: the read-only flag on a MAP_PRIVATE
+    file spun there (cold page cache); default flags on the same mapping read and copied it."""
+    from conftest import GPU_SNAPSHOT
+    import json
+    args = ("preflight", "--root", str(GPU_SNAPSHOT), "--size", "4GiB", "--source", "file", "--map", "private",
+            "--json")
+    r = run_cli(*args, "--readonly")
+    kernel = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "kernel")
+    assert kernel["status"] == "warn" and kernel["predicted"] == [17] and "vmtouch" in kernel["remedy"]
+    r = run_cli(*args)
+    kernel = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "kernel")
+    assert kernel["status"] == "pass" and 17 not in kernel["predicted"]

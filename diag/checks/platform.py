@@ -108,6 +108,11 @@ def kernel_rules(ctx: Context) -> Verdict:
                              "region fails at once with cudaErrorInvalidValue (catalog 9)",
                        catalog.entry(9).remedy + " (tmpfs, hugetlbfs and ramfs files are allowed)", ev,
                        predicted=[9])
+    if catalog.entry(17).condition(f):
+        return Verdict(WARN, f"{head}: a read-only registration of a MAP_PRIVATE file whose pages are not in the "
+                             "page cache spun in the kernel without pinning anything on an H200 node (6.18.44, "
+                             "580.159.04; catalog 17, measured there, not yet elsewhere)",
+                       catalog.entry(17).remedy, ev, predicted=[17])
     if rel is not None and rel < (5, 7):
         return Verdict(WARN, f"{head}: before 5.7 there is no FOLL_PIN accounting (nr_foll_pin_acquired), "
                              "so pin progress cannot be watched", "use a kernel >= 5.7 for investigations", ev)
