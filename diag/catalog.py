@@ -140,11 +140,17 @@ class Facts:
         return self.method in ("register", "hostalloc")
 
 
+# NVCPU_FAMILY_X86 in the driver's build; the others are families it builds for without FOLL_LONGTERM
+X86_ARCHES = ("x86_64", "x86", "i686", "i386", "amd64")
+OTHER_ARCHES = ("aarch64", "arm64", "ppc64le", "ppc64", "riscv64")
+
+
 # -- the rules ------------------------------------------------------------------------------
 def driver_uses_longterm(version: tuple[int, ...] | None, arch: str | None) -> bool | None:
-    """Does this driver pin with FOLL_LONGTERM? x86 builds from 550.67 on; never on arm64."""
-    if arch and arch not in ("x86_64", "x86", "i686", "amd64"):
-        return False
+    """Does this driver pin with FOLL_LONGTERM? x86 builds from 550.67 on; never on arm64.
+    An architecture it cannot name (a damaged banner) is unknown, never 'no'."""
+    if arch and arch not in X86_ARCHES:
+        return False if arch in OTHER_ARCHES else None
     if not version:
         return None
     return tuple(version) >= LONGTERM_DRIVER if arch else (None if tuple(version) >= LONGTERM_DRIVER else False)
@@ -157,7 +163,8 @@ def pin_cap_6_11(release: str | None) -> str | None:
     if rel is None or rel[:2] != (6, 11) or rel >= FIX_6_11:
         return None
     suffix = re.sub(r"^\d+\.\d+(\.\d+)?", "", release.strip())
-    return "upstream" if suffix in ("", "+") else "distribution"
+    # 6.11-rcN is upstream too: the cap came in during the 6.11 merge window
+    return "upstream" if re.fullmatch(r"(-rc\d+)?\+?", suffix) else "distribution"
 
 
 def shared_file_refused(f: Facts) -> str | None:

@@ -21,7 +21,7 @@ from pathlib import PurePosixPath
 from .parsing import ParsedDict, ParsedList, to_int
 from .rootfs import Root
 
-__all__ = ["CgroupMemory", "CgroupLevel", "CgroupError", "parse_proc_cgroup", "parse_mountinfo", "parse_kv",
+__all__ = ["CgroupMemory", "CgroupLevel", "CgroupError", "CgroupDamaged", "parse_proc_cgroup", "parse_mountinfo", "parse_kv",
            "read_cgroup_memory", "V1_UNLIMITED"]
 
 V1_UNLIMITED = 1 << 62  # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on 4 KiB pages) for no limit
@@ -29,6 +29,10 @@ V1_UNLIMITED = 1 << 62  # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (92233720368547
 
 class CgroupError(ValueError):
     """A cgroup that was asked for (--cgroup, --pid) and cannot be found or read; the message says why."""
+
+
+class CgroupDamaged(ValueError):
+    """The files that say which cgroup the process is in cannot be parsed, or contradict each other."""
 
 
 @dataclass
@@ -74,6 +78,7 @@ class CgroupMemory:
     hierarchical_limit_bytes: int | None = None              # v1 leaf memory.stat hierarchical_memory_limit
     missing: list[str] = field(default_factory=list)         # files of a level that could not be read
     bad: list[str] = field(default_factory=list)             # files whose value is damaged
+    not_captured: list[str] = field(default_factory=list)    # a limit or usage a captured tree lacks
 
     @property
     def binding(self) -> CgroupLevel | None:
@@ -174,10 +179,13 @@ class _LevelReader:
     def __init__(self, root: Root, version: int, result: CgroupMemory):
         self.root, self.version, self.result = root, version, result
 
-    def value(self, d: str, name: str, unlimited_words=("max",)) -> int | None:
+    def value(self, d: str, name: str, unlimited_words=("max",), decisive: bool = False) -> int | None:
         text = self.root.read_text(f"{d}/{name}")
         if text is None:
             self.result.missing.append(f"{d}/{name}")
+            # a limit or usage that a captured tree lacks is not "no limit", unless the capture saw it absent
+            if decisive and not self.root.live and not self.root.known_absent(f"{d}/{name}"):
+                self.result.not_captured.append(f"{d}/{name}")
             return None
         text = text.strip()
         if text in unlimited_words:
@@ -200,18 +208,18 @@ class _LevelReader:
     def level(self, d: str) -> CgroupLevel:
         stat = self.stat(d) or {}
         if self.version == 1:
-            usage = self.value(d, "memory.usage_in_bytes")
+            usage = self.value(d, "memory.usage_in_bytes", decisive=True)
             memsw_usage = self.value(d, "memory.memsw.usage_in_bytes") if self.root.exists(
                 f"{d}/memory.memsw.usage_in_bytes") else None
             return CgroupLevel(
-                dir=d, limit_bytes=self.value(d, "memory.limit_in_bytes"), usage_bytes=usage,
+                dir=d, limit_bytes=self.value(d, "memory.limit_in_bytes", decisive=True), usage_bytes=usage,
                 inactive_file_bytes=stat.get("total_inactive_file", stat.get("inactive_file")),
                 swap_limit_bytes=self.value(d, "memory.memsw.limit_in_bytes") if self.root.exists(
                     f"{d}/memory.memsw.limit_in_bytes") else None,
                 swap_usage_bytes=(memsw_usage - usage) if memsw_usage is not None and usage is not None else None)
         return CgroupLevel(
-            dir=d, limit_bytes=self.value(d, "memory.max"), high_bytes=self.value(d, "memory.high"),
-            usage_bytes=self.value(d, "memory.current"), inactive_file_bytes=stat.get("inactive_file"),
+            dir=d, limit_bytes=self.value(d, "memory.max", decisive=True), high_bytes=self.value(d, "memory.high"),
+            usage_bytes=self.value(d, "memory.current", decisive=True), inactive_file_bytes=stat.get("inactive_file"),
             swap_limit_bytes=self.value(d, "memory.swap.max") if self.root.exists(f"{d}/memory.swap.max") else None,
             swap_usage_bytes=self.value(d, "memory.swap.current") if self.root.exists(
                 f"{d}/memory.swap.current") else None)
@@ -264,6 +272,8 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
                                   "is the process still running?")
             return None
         groups = parse_proc_cgroup(cg_text)
+        if groups.bad or not groups:
+            raise CgroupDamaged(f"unreadable line {groups.bad[0]!r}" if groups.bad else "no cgroup line")
         v1 = next((g for g in groups if "memory" in g[1]), None)
         if v1 is not None:
             version = 1
@@ -277,6 +287,9 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
                 return None
             cg_path = v2[2]
         if mount is None:
+            if not root.live:  # a capture names the process's cgroup but not where it is mounted
+                raise CgroupDamaged(f"{root.display('proc/self/mountinfo')}: no {'cgroup memory' if version == 1 else 'cgroup2'} "
+                                    f"mount for {cg_path} (from {root.display(f'proc/{pid}/cgroup')})")
             return None
         if cg_path.startswith("/..") and pid != "self":
             raise CgroupError(f"the cgroup of pid {pid} ({cg_path}) is outside this process's cgroup namespace; "
@@ -287,16 +300,24 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
     reader = _LevelReader(root, version, result)
     top = mount["mount_point"].lstrip("/").rstrip("/")
     level = d
+    limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
+    unseen = []  # ancestors a captured tree holds no limit file for, and does not say the node lacked
     while True:
-        limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
-        if root.exists(f"{level}/{limit_file}") or level == d:
-            if level != top or version == 1:  # the v2 root cgroup has no memory.max: nothing to read there
+        # every level is tried, so that a snapshot records a limit file the node does not have as
+        # absent (a level without the memory controller)
+        if level != top or version == 1:  # the v2 root cgroup has no memory.max: nothing to read there
+            if level == d or root.read_text(f"{level}/{limit_file}") is not None:
                 result.levels.append(reader.level(level))
+            elif not (root.live or root.known_absent(f"{level}/{limit_file}")):
+                unseen.append(f"{level}/{limit_file}")
         if level == top or "/" not in level or len(level) <= len(top):
             break
         level = level.rsplit("/", 1)[0]
+    stat = parse_kv(root.read_text(f"{d}/memory.stat")) if version == 1 and result.levels else {}
+    # v1's leaf prints the lowest limit above it (hierarchical_memory_limit): that covers unseen ancestors
+    if unseen and "hierarchical_memory_limit" not in stat:
+        result.not_captured += unseen
     if version == 1 and result.levels:
-        stat = parse_kv(root.read_text(f"{d}/memory.stat"))
         hier = stat.get("hierarchical_memory_limit")
         if hier is not None and hier < V1_UNLIMITED:
             result.hierarchical_limit_bytes = hier

@@ -447,13 +447,15 @@ def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
     raise FileExistsError(f"{output.parent}: too many {suffix} files already")
 
 
-def _timeline_png(samples: list[dict], title: str) -> bytes:
+def _timeline_png(samples: list[dict], title: str, page_size) -> bytes:
     """The picture's bytes, drawn in a private temporary directory (never where the run is)."""
     import tempfile
-    from .plot import timeline_png
+    from .plot import DEFAULT_PAGE, timeline_png
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 4096 or page_size & (page_size - 1):
+        page_size = DEFAULT_PAGE
     with tempfile.TemporaryDirectory(prefix="hostpin-plot-") as tmp:
         target = Path(tmp) / "timeline.png"
-        timeline_png(samples, target, title=title)
+        timeline_png(samples, target, title=title, page_size=page_size)
         return target.read_bytes()
 
 
@@ -486,7 +488,8 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
             if run.command == "repro register" and not no_picture:
                 png = None
                 try:
-                    png = _timeline_png(run.read_jsonl("timeline.jsonl"), str(run.result.get("verdict") or ""))
+                    png = _timeline_png(run.read_jsonl("timeline.jsonl"), str(run.result.get("verdict") or ""),
+                                        run.result.get("page_size"))
                 except PlotUnavailable as exc:
                     click.echo(f"hostpin: note: {exc}", err=True)
                 if png and keep_in_run:

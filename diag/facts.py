@@ -36,7 +36,17 @@ FACT_SOURCES = {
     "nvidia": ("proc/driver/nvidia/version",), "hung_task": ("proc/sys/kernel/hung_task_timeout_secs",),
     "vm": ("proc/sys/vm/swappiness",), "iommu": ("sys/kernel/iommu_groups",),
     "numa_nodes": ("sys/devices/system/node",), "hotplug": ("sys/devices/system/memory/auto_online_blocks",),
+    "page_size": ("sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "probes/node.json"),
 }
+
+# fields every kernel we judge prints (MemAvailable since 3.14): their absence is damage, not "none"
+MEMINFO_REQUIRED = ("MemTotal", "MemFree", "MemAvailable", "SwapTotal", "SwapFree")
+# sysctls a captured tree must hold where it holds its group at all (they decide the swap and hung-task checks)
+SYSCTLS_REQUIRED = {"vm": ("proc/sys/vm", ()),
+                    "hung_task": ("proc/sys/kernel", ("hung_task_timeout_secs", "hung_task_panic"))}
+
+# facts that need every one of their sources (the others read the first one there)
+NEEDS_ALL_SOURCES = {"cgroup"}
 
 FACT_LABELS = {
     "host": "host", "kernel": "kernel", "driver": "NVIDIA driver", "gpus": "GPUs", "thp_enabled": "THP enabled",
@@ -81,6 +91,7 @@ class Readings:
         self.cgroup_path = cgroup_path
         self._node_probe = node_probe
         self.damage: dict[str, list[str]] = {}   # fact -> what could not be read in it
+        self.gaps: dict[str, list[str]] = {}     # fact -> files a captured tree lacks behind it
 
     # -- state ---------------------------------------------------------------------------
     def file_state(self, rel: str) -> str:
@@ -102,11 +113,15 @@ class Readings:
             getattr(self, fact)  # read it, so that damage is known
         if self.damage.get(fact):
             return DAMAGED
+        if self.gaps.get(fact):
+            return NOT_CAPTURED
         if fact == "cgroup" and self.cgroup_path is not None:
             return OK  # given by --cgroup (read, or 'none')
+        if fact == "page_size":  # from sysconf, the snapshot's probe, or hpage_pmd_size: else assumed
+            return NOT_CAPTURED if self.page.assumed else OK
         sources = FACT_SOURCES.get(fact, ())
         states = [self.file_state(rel) for rel in sources]
-        if not states or OK in states:
+        if not states or (all if fact in NEEDS_ALL_SOURCES else any)(st == OK for st in states):
             return OK
         for s in (UNREADABLE, NOT_CAPTURED, ABSENT):
             if s in states:
@@ -119,6 +134,10 @@ class Readings:
         rel = FACT_SOURCES.get(fact, (fact,))[0]
         if state == DAMAGED:
             return describe_bad(self.root.display(rel), self.damage[fact])
+        if self.gaps.get(fact):
+            return ", ".join(self.root.display(g) for g in self.gaps[fact][:3]) + " (not captured)"
+        if fact in NEEDS_ALL_SOURCES:  # name the source that is not there
+            rel = next((r for r in FACT_SOURCES[fact] if self.file_state(r) != OK), rel)
         return f"{self.root.display(rel)} ({state if state != UNREADABLE else self.root.missing.get(rel)})"
 
     def _damaged(self, fact: str, bad: list[str]) -> None:
@@ -171,7 +190,9 @@ class Readings:
     def meminfo(self):
         m = meminfo.read_meminfo(self.root)
         if m is not None:
-            self._damaged("meminfo", [b for b in m.bad if b.split(":")[0] in meminfo._FIELDS.values()])
+            self._damaged("meminfo", [b for b in m.bad if b.split(":")[0] in meminfo._FIELDS.values()]
+                          + [f"no {k} line" for k in MEMINFO_REQUIRED if k in m.missing and k not in m.raw
+                             and not any(b.startswith(k + ":") for b in m.bad)])
         return m
 
     @cached_property
@@ -180,11 +201,18 @@ class Readings:
 
     @cached_property
     def buddyinfo(self):
-        return self._checked("buddyinfo", buddyinfo.read_buddyinfo(self.root, self.page_size))
+        return self._zones("buddyinfo", buddyinfo.read_buddyinfo(self.root, self.page_size))
 
     @cached_property
     def zoneinfo(self):
-        return self._checked("zoneinfo", zoneinfo.read_zoneinfo(self.root, self.page_size))
+        return self._zones("zoneinfo", zoneinfo.read_zoneinfo(self.root, self.page_size))
+
+    def _zones(self, fact: str, zones):
+        """Every node has a zone: a file that lists none is damaged (empty), not 'nothing there'."""
+        self._checked(fact, zones)
+        if zones is not None and not zones and not zones.bad:
+            self._damaged(fact, ["no zone in it"])
+        return zones
 
     @cached_property
     def swaps(self):
@@ -199,6 +227,8 @@ class Readings:
         rel = kernel.read_release(self.root)
         if rel is not None and kernel.parse_release(rel) is None:
             self._damaged("release", [f"{rel[:40]!r} is no kernel release"])
+        elif rel is None and self.root.read_text("proc/version") is not None:
+            self._damaged("release", ["proc/version has no 'Linux version' line and osrelease is missing"])
         return rel
 
     @cached_property
@@ -211,11 +241,22 @@ class Readings:
 
     @cached_property
     def vm(self):
-        return self._checked("vm", sysctl.read_vm_sysctls(self.root))
+        return self._sysctls("vm", sysctl.read_vm_sysctls(self.root))
 
     @cached_property
     def hung_task(self):
-        return self._checked("hung_task", sysctl.read_hung_task(self.root))
+        return self._sysctls("hung_task", sysctl.read_hung_task(self.root))
+
+    def _sysctls(self, fact: str, values):
+        """A group of sysctls; in a captured tree that holds the group, a decisive one it lacks is a gap."""
+        self._checked(fact, values)
+        base, required = SYSCTLS_REQUIRED[fact]
+        if not self.root.live and any(values.get(n) is not None for n in values):
+            lacking = [f"{base}/{n}" for n in required if values.get(n) is None and not self.root.known_absent(
+                f"{base}/{n}") and not any(b.startswith(n + ":") for b in values.bad)]
+            if lacking:
+                self.gaps.setdefault(fact, []).extend(lacking)
+        return values
 
     @cached_property
     def memlock(self):
@@ -243,9 +284,15 @@ class Readings:
     def cgroup(self):
         if self.cgroup_path == "none":
             return None  # --cgroup none: the user says the pinning process is in no memory-limited cgroup
-        cg = cgroup.read_cgroup_memory(self.root, pid=self.pid, cgroup_path=self.cgroup_path)
+        try:
+            cg = cgroup.read_cgroup_memory(self.root, pid=self.pid, cgroup_path=self.cgroup_path)
+        except cgroup.CgroupDamaged as exc:
+            self._damaged("cgroup", [str(exc)])
+            return None
         if cg is not None:
             self._damaged("cgroup", cg.bad)
+            if cg.not_captured:
+                self.gaps.setdefault("cgroup", []).extend(cg.not_captured)
         return cg
 
     @cached_property

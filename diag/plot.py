@@ -9,7 +9,7 @@ from pathlib import Path
 
 __all__ = ["timeline_series", "timeline_png", "PlotUnavailable"]
 
-PAGE = 4096
+DEFAULT_PAGE = 4096  # runs recorded before the page size was kept in result.json were all on 4 KiB nodes
 GiB = 1 << 30
 
 
@@ -17,8 +17,9 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
-def timeline_series(samples: list[dict]) -> dict[str, list[float]]:
-    """Per sample from the pin's start: time, pinned percent, pin rate (GiB/s), swap-in (pages/s)."""
+def timeline_series(samples: list[dict], page_size: int = DEFAULT_PAGE) -> dict[str, list[float]]:
+    """Per sample from the pin's start: time, pinned percent, pin rate (GiB/s), swap-in (pages/s).
+    Progress is counted in the node's pages (page_size, from the run's result)."""
     pin = [s for s in samples if s.get("phase") in ("pin", "undo")]
     if not pin:
         return {"t": [], "pct": [], "rate_gib_s": [], "swapin_pages_s": [], "phase": []}
@@ -36,7 +37,7 @@ def timeline_series(samples: list[dict]) -> dict[str, list[float]]:
         if prev is not None and s["t"] > prev["t"]:
             dt = s["t"] - prev["t"]
             pages = vm.get("hostpin_progress_pages", 0) - prev.get("vm", {}).get("hostpin_progress_pages", 0)
-            out["rate_gib_s"].append(max(0.0, pages) * PAGE / GiB / dt)
+            out["rate_gib_s"].append(max(0.0, pages) * page_size / GiB / dt)
             out["swapin_pages_s"].append(max(0, vm.get("pswpin", 0) - prev.get("vm", {}).get("pswpin", 0)) / dt)
         else:
             out["rate_gib_s"].append(0.0)
@@ -46,14 +47,14 @@ def timeline_series(samples: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def timeline_png(samples: list[dict], path: Path | str, title: str = "") -> Path:
+def timeline_png(samples: list[dict], path: Path | str, title: str = "", page_size: int = DEFAULT_PAGE) -> Path:
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise PlotUnavailable("matplotlib is not installed: pip install 'hostpin[plot]' for the timeline picture") from exc
-    series = timeline_series(samples)
+    series = timeline_series(samples, page_size)
     if not series["t"]:
         raise PlotUnavailable("no pin phase in this timeline")
     fig, axes = plt.subplots(3, 1, figsize=(9, 7), sharex=True)

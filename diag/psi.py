@@ -11,13 +11,15 @@ from .rootfs import Root
 
 __all__ = ["parse_psi", "read_psi_memory"]
 
+KEYS = ("avg10", "avg60", "avg300", "total_us")
+
 
 def parse_psi(text: str) -> ParsedDict:
     """{'some': {...}, 'full': {...}}; a damaged value is None and named in `.bad`.
 
     >>> p = parse_psi("some avg10=x avg60=0.00 avg300=0.00 total=1\\n")
     >>> p["some"]["avg10"], p.bad
-    (None, ["some avg10='x'"])
+    (None, ["some avg10='x'", "no 'full' line"])
     """
     out = ParsedDict()
     for line in text.splitlines():
@@ -34,8 +36,19 @@ def parse_psi(text: str) -> ParsedDict:
             if not sep or number is None or number < 0:
                 out.bad.append(f"{parts[0]} {key}={value[:20]!r}")
                 number = None
-            row["total_us" if key == "total" else key] = number
+            name = "total_us" if key == "total" else key
+            if name not in KEYS:
+                out.bad.append(f"{parts[0]} {key[:20]!r}: not a PSI field")
+                continue
+            row[name] = number
+        for key in KEYS:
+            if key not in row:
+                out.bad.append(f"{parts[0]}: no {key}")
+                row[key] = None
         out[parts[0]] = row
+    for kind in ("some", "full"):  # memory has printed both lines since PSI came in (4.20)
+        if kind not in out:
+            out.bad.append(f"no '{kind}' line")
     return out
 
 

@@ -21,7 +21,7 @@ from .parsing import ParsedList, to_int
 from .rootfs import Root
 
 __all__ = ["SwapDevice", "parse_swaps", "read_swaps", "media_from_name", "classify_block_device",
-           "classify_swap_device", "SWAPIN_PAGES_PER_S", "SwapRate", "swapin_rate", "read_zswap_enabled"]
+           "classify_swap_device", "SWAPIN_PAGES_PER_S", "RATE_PAGE_BYTES", "SwapRate", "swapin_rate", "read_zswap_enabled"]
 
 
 @dataclass
@@ -64,6 +64,7 @@ def read_zswap_enabled(root: Root) -> bool | None:
 
 # Swap-in pages per second a pin gets, per kind of device, at vm.page-cluster 3 (8 pages per
 # read). Where each figure came from; 'estimate' marks what we could not measure ourselves.
+RATE_PAGE_BYTES = 4096  # the pages SWAPIN_PAGES_PER_S counts: every rate there was measured on 4 KiB-page nodes
 SWAPIN_PAGES_PER_S: dict[str, tuple[float, str]] = {
     "zram": (444_794.0, "measured: zram0 (lzo-rle) on the CI VM, 2 cores, kernel 6.18, bench/swapin_rates.py, "
                         "median of 3 (439,633..511,262)"),

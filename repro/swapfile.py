@@ -15,10 +15,11 @@ import uuid
 from pathlib import Path
 
 from diag.leftovers import SWAP_PREFIX as PREFIX, swap_file_name
+from diag.pagesize import live_page_size
 
 __all__ = ["SwapFile", "SwapError", "write_swap_header", "active_swaps", "PREFIX", "MIN_PAGES"]
 
-PAGE = 4096
+PAGE = live_page_size()  # the header fills one page and ends in SWAPSPACE2 (64 KiB on 64 KiB-page arm64)
 MIN_PAGES = 10  # the kernel's minimum for a swap area
 SWAP_FLAG_PREFER = 0x8000
 SWAP_FLAG_PRIO_MASK = 0x7FFF

@@ -158,7 +158,8 @@ def test_psi_is_total(text):
 @FAST
 @given(st.floats(0, 100, allow_nan=False), st.floats(0, 100, allow_nan=False), st.integers(0, 2**60))
 def test_psi_round_trip(avg10, avg60, total):
-    p = psi.parse_psi(f"some avg10={avg10:.2f} avg60={avg60:.2f} avg300=0.00 total={total}\n")
+    p = psi.parse_psi(f"some avg10={avg10:.2f} avg60={avg60:.2f} avg300=0.00 total={total}\n"
+                      "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert p["some"]["avg10"] == float(f"{avg10:.2f}") and p["some"]["total_us"] == total and not p.bad
 
 

@@ -52,6 +52,7 @@ class Check:
     can_fail: Callable[["Plan"], bool] = _always   # whether this check can FAIL this plan
     can_warn: Callable[["Plan"], bool] = _always
     absent: dict[str, str] = field(default_factory=dict)  # fact -> what its absence on the node means
+    uses: tuple[str, ...] = ()   # facts read when there (their damage is an error, their absence is not)
 
     def decides(self, ctx: "Context") -> bool:
         return self.can_fail(ctx.plan) or (ctx.strict and self.can_warn(ctx.plan))
@@ -77,7 +78,7 @@ class Check:
                 meaning = self.absent.get(fact, "absent on this node")
                 return Verdict(SKIP, f"{meaning}: {what}", evidence={"missing_fact": fact, "state": state})
         verdict = self.func(ctx)
-        damaged = [f for f in self.needs if ctx.state(f) == DAMAGED]  # read during the check
+        damaged = [f for f in self.needs + self.uses if ctx.state(f) == DAMAGED]  # read during the check
         if damaged and verdict.status != ERROR:
             what = "; ".join(ctx.describe(f) for f in damaged)
             return Verdict(ERROR, f"damaged reading: {what}; refusing to judge on it", evidence=verdict.evidence,
@@ -94,9 +95,9 @@ def never(plan: "Plan") -> bool:
 
 def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[int, ...] = (),
              can_fail: Callable[["Plan"], bool] = _always, can_warn: Callable[["Plan"], bool] = _always,
-             absent: dict[str, str] | None = None):
+             absent: dict[str, str] | None = None, uses: tuple[str, ...] = ()):
     def wrap(func: Callable[["Context"], Verdict]) -> Callable[["Context"], Verdict]:
-        _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {})))
+        _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {}), uses))
         return func
     return wrap
 

@@ -67,8 +67,8 @@ def supply(ctx: Context) -> dict:
             "fragmented": index is not None and index * 1000 > threshold}
 
 
-@register("fragmentation", "Huge pages the node can supply for a THP region", needs=("buddyinfo", "meminfo", "thp"),
-          catalog=(2,), can_fail=never, can_warn=lambda plan: plan.method != "hostalloc", absent={"thp": THP_ABSENT})
+@register("fragmentation", "Huge pages the node can supply for a THP region",
+          needs=("buddyinfo", "meminfo", "thp", "page_size"), catalog=(2,), can_fail=never, can_warn=lambda plan: plan.method != "hostalloc", absent={"thp": THP_ABSENT})
 def fragmentation(ctx: Context) -> Verdict:
     s = supply(ctx)
     vm = ctx.vmstat or {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import catalog
 from ..process import parse_status
-from ..swap import swapin_rate
+from ..swap import RATE_PAGE_BYTES, swapin_rate
 from ..units import GiB, MiB, format_bytes, format_duration, parse_size
 from . import FAIL, PASS, SKIP, WARN, Context, Verdict, register
 
@@ -205,7 +205,9 @@ def _own_swap(ctx: Context) -> int | None:
 
 
 def swap_prediction(ctx: Context, exposed_bytes: int) -> dict:
-    """Seconds to pin exposed_bytes back from swap, at what the devices can deliver."""
+    """Seconds to pin exposed_bytes back from swap, at what the devices can deliver. The default
+    rates were measured in 4 KiB pages per second; a node with larger pages is taken to move the
+    same bytes per second (its swap entries are its own pages)."""
     media = ctx.swap_media
     pc = ctx.vm.get("page-cluster")
     pages = exposed_bytes // ctx.page_size
@@ -213,7 +215,7 @@ def swap_prediction(ctx: Context, exposed_bytes: int) -> dict:
     used = ctx.meminfo.swap_used_bytes or 0
     fast_fraction = min(1.0, zswapped / used) if used else 0.0
     if ctx.swap_rate_override:
-        rate = ctx.swap_rate_override / ctx.page_size
+        rate_bytes = ctx.swap_rate_override
         source = "--swap-in-rate"
         kind = "given"
         estimate = False
@@ -222,15 +224,19 @@ def swap_prediction(ctx: Context, exposed_bytes: int) -> dict:
         used_media = [d["media"] for d, s in zip(media, ctx.swaps or []) if s.used_bytes] or [d["media"] for d in media]
         rates = [swapin_rate(k, pc) for k in (used_media or ["unknown"])]
         slow = min(rates, key=lambda x: x.pages_per_s)
-        rate, source, kind, estimate = slow.pages_per_s, slow.source, slow.media, slow.estimate
-    zrate = swapin_rate("zswap", pc)
-    seconds = pages * (1 - fast_fraction) / rate + pages * fast_fraction / zrate.pages_per_s
-    return {"exposed_bytes": exposed_bytes, "exposed_pages": pages, "rate_pages_per_s": rate, "device_kind": kind,
+        rate_bytes, source, kind, estimate = slow.pages_per_s * RATE_PAGE_BYTES, slow.source, slow.media, slow.estimate
+        if pc is None:
+            source += "; vm.page-cluster not known: the kernel's default 3 assumed"
+    zrate_bytes = swapin_rate("zswap", pc).pages_per_s * RATE_PAGE_BYTES
+    seconds = exposed_bytes * (1 - fast_fraction) / rate_bytes + exposed_bytes * fast_fraction / zrate_bytes
+    return {"exposed_bytes": exposed_bytes, "exposed_pages": pages, "rate_pages_per_s": rate_bytes / ctx.page_size,
+            "rate_bytes_per_s": rate_bytes, "device_kind": kind,
             "rate_source": source, "rate_is_estimate": estimate, "page_cluster": pc,
             "zswap_fraction": round(fast_fraction, 3), "predicted_pin_seconds": round(seconds, 3)}
 
 
-@register("swap", "Swap exposure of the region and the cost of pinning it back", needs=("meminfo",),
+@register("swap", "Swap exposure of the region and the cost of pinning it back", needs=("meminfo", "swaps"),
+          uses=("vm", "cgroup"),
           catalog=(1,))
 def swap(ctx: Context) -> Verdict:
     m, plan = ctx.meminfo, ctx.plan
@@ -248,7 +254,10 @@ def swap(ctx: Context) -> Verdict:
     ev["swapin_now"] = sample
     demand = sample.get("pages_per_s") or 0.0
     cg = ctx.cgroup
-    can_swap = (swappiness is None or swappiness > 0) and (cg is None or cg.can_swap is not False)
+    # swappiness 0 does not keep a region resident: reclaim near OOM swaps whatever it is (mm/vmscan.c,
+    # "mm: vmscan: disregard swappiness shortly before going OOM", 3.8); only memory.swap.max=0 (v1:
+    # memsw equal to the limit) forbids it
+    can_swap = cg is None or cg.can_swap is not False
     ev["can_swap"] = can_swap
     r = room(ctx)
     need = plan_need(ctx)
@@ -301,7 +310,7 @@ def swap(ctx: Context) -> Verdict:
                 + (", an estimate" if pred["rate_is_estimate"] else "") + ")") if exposed else \
                "no size given: the exposure of a plan is not predicted"
         if not can_swap:
-            cost = "this cgroup cannot swap (memory.swap.max 0 or swappiness 0): the region stays resident"
+            cost = "this cgroup cannot swap (memory.swap.max 0): the region stays resident"
             return Verdict(PASS, f"{head}; {cost}", evidence=ev)
         return Verdict(WARN, f"{head}: {cost}", remedy, ev, predicted=[1])
     return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold",

@@ -151,6 +151,12 @@ def driver_rules(ctx: Context) -> Verdict:
           "per_call_page_limit": catalog.PER_CALL_PAGE_LIMIT, "page_size": ctx.page_size,
           "driver_uses_foll_longterm": longterm(ctx)}
     head = f"{flavour} module {version_str(v)}"
+    if catalog.per_call_page_limit(f) and ctx.page.assumed:
+        return Verdict(ERROR, f"{head}: {format_bytes(plan.per_call_bytes)} per call reaches the limit of "
+                              f"{catalog.PER_CALL_PAGE_LIMIT:,} pages only with 4 KiB pages, and this tree does not "
+                              f"say its page size ({ctx.describe('page_size')})",
+                       "capture the node with hostpin snapshot (it records the page size), or --skip driver",
+                       ev, missing=[ctx.describe("page_size")])
     if catalog.per_call_page_limit(f):
         what = "registration" if plan.method == "register" else "cudaHostAlloc"
         return Verdict(FAIL, f"{head}: one {what} of {f.per_call_pages:,} pages ({format_bytes(plan.per_call_bytes)}) "
