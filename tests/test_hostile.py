@@ -718,3 +718,72 @@ def test_16_report_changes_no_file_of_the_run_it_reads(tmp_path):
     assert added == {"report.md", "manifest.added.jsonl"}
     again = hp("report", str(run), "--no-picture")
     assert again.code == 0 and {p.name for p in run.iterdir()} - {p.name for p in before} - {"root"} == added
+
+
+# == the audit of the fixes above: one test per numbered finding =====================================
+def _rewrite(run: Path, rel: str, data: bytes) -> None:
+    """Change one file of a copied run and its manifest entry, as an attacker who knows the format would."""
+    (run / rel).parent.mkdir(parents=True, exist_ok=True)
+    (run / rel).write_bytes(data)
+    m = json.loads((run / "manifest.json").read_text())
+    for e in m["entries"]:
+        if e["path"] == rel:
+            e.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            break
+    else:
+        m["entries"].append(entry(rel, data))
+    (run / "manifest.json").write_text(json.dumps(m))
+
+
+CMDLINE_IDS = {"mac": "01-52-54-00-ab-cd-ef", "ip": "10.20.30.40", "mid": "4c4c4544004e3510804bc4c04f4d3332",
+               "host": "gpunode17.corp.example.com", "mac2": "52:54:00:12:34:56", "ip6": "fe80::5054:ff:fe12:3456"}
+
+
+def test_audit_1_a_file_that_is_not_utf8_is_still_redacted(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    ids = CMDLINE_IDS
+    _rewrite(run, "root/proc/cmdline", b"\xff\xfe" + (
+        f"BOOTIF={ids['mac']} ip={ids['ip']} systemd.machine_id={ids['mid']} hostname={ids['host']} "
+        f"ifname=eth0:{ids['mac2']} v6={ids['ip6']}\n").encode())
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"), "--json")
+    assert r.code == 0, r.err
+    with tarfile.open(tmp_path / "x.tar.gz") as tar:
+        raw = b"".join(tar.extractfile(m).read() for m in tar if m.isfile())
+        cmdline = next(tar.extractfile(m).read() for m in tar if m.name.endswith("root/proc/cmdline"))
+        manifest = json.loads(next(tar.extractfile(m).read() for m in tar if m.name.endswith("/manifest.json")))
+    for value in ids.values():
+        assert value.encode() not in raw, f"{value} survived redaction"
+    assert cmdline.startswith(b"\xff\xfeBOOTIF=REDACTED-MAC-")  # the other bytes kept as they were
+    assert next(e for e in manifest["entries"] if e["path"] == "root/proc/cmdline")["redacted"] is True
+    assert hp("report", str(tmp_path / "x.tar.gz")).code == 0
+
+
+@pytest.mark.parametrize("value", ["4C4C4544004E3510804BC4C04F4D3333",
+                                   "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:7d:a2:b6",
+                                   "0c42:a103:007d:a2b6", "ip-10-1-2-3.ec2.internal", "alpha"])
+def test_audit_2_redaction_gaps(tmp_path, value):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    m = json.loads((run / "manifest.json").read_text())
+    m["host"] = "alpha"
+    (run / "manifest.json").write_text(json.dumps(m))
+    _rewrite(run, "root/proc/cmdline", f"root=nfs:alpha:/export id={value} quiet\n".encode())
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"))
+    assert r.code == 0, r.err
+    blob = bundle_text(tmp_path / "x.tar.gz")
+    assert value not in blob and value.lower() not in blob
+    assert "root=nfs:REDACTED-HOST-1:/export" in blob
+    from diag.bundle import Redactor
+    red = Redactor(["alpha"])
+    assert red.apply("alphabet /alpha/x alpha-2 alpha", "root/proc/cmdline") == "alphabet /alpha/x alpha-2 REDACTED-HOST-1"
+
+
+def test_audit_2_json_keys_are_redacted_too(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    m = json.loads((run / "manifest.json").read_text())
+    m["host"] = "gpunode17.corp.example.com"
+    m["extra_gpunode17.corp.example.com"] = {"10.20.30.40": "x"}
+    (run / "manifest.json").write_text(json.dumps(m))
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"))
+    assert r.code == 0, r.err
+    blob = bundle_text(tmp_path / "x.tar.gz")
+    assert "gpunode17" not in blob and "10.20.30.40" not in blob
