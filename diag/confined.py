@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
-           "write_file_at", "read_json_object"]
+           "write_file_at", "read_json_object", "parse_json"]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
@@ -54,7 +54,31 @@ class Limits:
         return cls(total_bytes=total, files=files or cls.files, file_bytes=min(total, max(256 << 20, total // 4)))
 
 
+    @property
+    def json_bytes(self) -> int:
+        """The most a JSON file (a manifest, a result, a journal) may be before it is parsed: a
+        real manifest is about 1 MiB for thousands of entries; 32 MiB at the default --max-files,
+        more with it. Parsing is what costs memory (50 bytes and up per value), not reading."""
+        return max(32 << 20, self.files * 1600)
+
+
 DEFAULT_LIMITS = Limits()
+
+
+def parse_json(data: bytes, what: str, limit: int) -> object:
+    """json.loads within bounds: TooLarge past `limit` bytes or past one container ([ or {) per
+    16 bytes (a crafted `[[],[],...]` costs ~64 bytes of memory per 3 bytes of input);
+    ValueError for text that is not JSON, too deep included."""
+    import json
+    if len(data) > limit:
+        raise TooLarge(f"{what} is {len(data):,} bytes, more than a run ever writes ({limit:,}; --max-files "
+                       "raises the limit)")
+    if len(data) > 1 << 20 and data.count(b"[") + data.count(b"{") > len(data) // 16:
+        raise TooLarge(f"{what} holds more nested lists and objects than a run ever writes; not parsed")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deep") from None
 
 
 def normalize(rel: object) -> str:
@@ -214,6 +238,15 @@ class Dir:
             return data
         finally:
             os.close(fd)
+
+    def read_json(self, rel: str) -> object:
+        """A JSON file, its size checked before it is read (TooLarge), ValueError when not JSON."""
+        st = self.lstat(rel)
+        limit = self.limits.json_bytes
+        if st is not None and st.st_size > limit:
+            raise TooLarge(f"{rel} is {st.st_size:,} bytes, more than a run ever writes ({limit:,}; --max-files "
+                           "raises the limit)")
+        return parse_json(self.read_bytes(rel, limit + 1), rel, limit)
 
     def read_text(self, rel: str, limit: int | None = None, tail: bool = False) -> str:
         return self.read_bytes(rel, limit, tail).decode("utf-8", errors="replace")
@@ -384,10 +417,9 @@ def write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600, durabl
 
 def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS) -> dict | None:
     """A JSON object from base/rel read without links, or None (absent, refused, not an object)."""
-    import json
     try:
         with open_dir(base, limits) as d:
-            value = json.loads(d.read_bytes(rel))
+            value = d.read_json(rel)
     except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None

@@ -110,11 +110,22 @@ class Run:
             return None
 
     def read_jsonl(self, rel: str) -> list[dict]:
-        text = self.read_text(rel)
+        """The JSON lines of a file (a timeline): at most the JSON limit of it is read (the rest
+        is said in problems), a line too large or not JSON ends it (a killed run's last line)."""
+        if self.dir is None:
+            return []
+        limit = self.dir.limits.json_bytes
+        st = self.dir.lstat(rel)
+        if st is not None and st.st_size > limit:
+            self.problems.append(f"{rel}: {st.st_size:,} bytes; only the first {limit:,} are read "
+                                 "(--max-files raises the limit)")
+        text = self.read_text(rel, limit)
         if text is None:
             return []
         out = []
         for line in text.splitlines():
+            if len(line) > 1 << 20:  # a timeline line is a few hundred bytes
+                break
             try:
                 value = json.loads(line)
             except (ValueError, RecursionError):
@@ -134,6 +145,7 @@ class Run:
 
 # -- bundles --------------------------------------------------------------------------------------
 _ALLOWED_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
+_TRAILER_MAX = 1 << 20  # zeros after the end-of-archive blocks: a record's padding, never more
 
 
 def _member_rel(m: tarfile.TarInfo, bundle: Path) -> str | None:
@@ -214,14 +226,26 @@ def _unpack_stream(bundle: Path, stream, dest: Path, limits: Limits) -> Path:
                     left -= len(piece)
         # what follows the last member must be the end-of-archive zeros: tarfile takes a damaged
         # header in the middle for the end, and a gzip stream is checked only when read to its end
+        # (two blocks, padded to a record: 10 KiB from tarfile and GNU tar, more with a larger
+        # blocking factor). Past _TRAILER_MAX it is not padding but something else: refused
+        # without reading it all (4 GiB of zeros inside a 4 MB .tar.gz). No zeros at all: the
+        # archive was cut at a member boundary, with members missing.
         stream.seek(tar.offset)
+        trailer = 0
         while True:
-            piece = stream.read(1 << 20)
+            piece = stream.read(min(1 << 20, _TRAILER_MAX + 1 - trailer))
             if not piece:
                 break
             if piece.strip(b"\0"):
                 raise RunError(f"{bundle} could not be read: the archive is corrupt after member {count} "
                                f"(a damaged header at byte {tar.offset:,} of the tar stream)")
+            trailer += len(piece)
+            if trailer > _TRAILER_MAX:
+                raise RunError(f"{bundle} could not be read: more than {_TRAILER_MAX:,} bytes follow the end of "
+                               f"the archive (at byte {tar.offset:,} of the tar stream); a bundle ends there")
+        if trailer < 2 * tarfile.BLOCKSIZE:
+            raise RunError(f"{bundle} could not be read: the archive is truncated (it ends after member {count} "
+                           "without the end-of-archive marker, so members may be missing)")
     if top is None:
         raise RunError(f"{bundle} could not be read: the archive holds no run directory")
     return dest / top
@@ -251,7 +275,7 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> 
     if d.lstat("result.json") is None:
         return {}
     try:
-        value = json.loads(d.read_bytes("result.json"))
+        value = d.read_json("result.json")
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
         return value

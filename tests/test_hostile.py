@@ -787,3 +787,72 @@ def test_audit_2_json_keys_are_redacted_too(tmp_path):
     assert r.code == 0, r.err
     blob = bundle_text(tmp_path / "x.tar.gz")
     assert "gpunode17" not in blob and "10.20.30.40" not in blob
+
+
+@pytest.mark.parametrize("how", ["too-large", "dense"])
+def test_audit_3_a_json_bomb_is_refused_before_it_is_parsed(tmp_path, how):
+    import resource
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    n = (34 << 20) // 3 if how == "too-large" else (8 << 20) // 3  # 34 MiB: over the cap; 8 MiB: under it
+    (run / "manifest.json").write_bytes(b'{"entries": [' + b"[]," * n + b"[]]}")
+    with tarfile.open(tmp_path / "b.tar.gz", "w:gz", compresslevel=1) as tar:
+        tar.add(run, arcname="run")
+    for target in (run, tmp_path / "b.tar.gz"):
+        t0 = time.monotonic()
+        r = hostpin("report", str(target), "--format", "text")
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        assert "manifest.json" in r.stderr and ("more than a run ever writes" in r.stderr
+                                                or "nested lists" in r.stderr), r.stderr
+        assert time.monotonic() - t0 < 20
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 400 << 10  # KiB: under 400 MiB
+
+
+def test_audit_3_a_journal_or_result_over_the_json_cap_is_refused(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    _rewrite(run, "result.json", b'{"a": "' + b"x" * (33 << 20) + b'"}')
+    r = hp("report", str(run), "--max-size", "2GiB")
+    one_line_error(r, 3)
+    assert "result.json" in r.err and "more than a run ever writes" in r.err
+    (run / "manifest.json").unlink()
+    (run / "manifest.jsonl").write_bytes(b'{"run": {"command": "preflight"}}\n' + b'{"x": 1}\n' * (4 << 20))
+    r = hp("report", str(run))
+    one_line_error(r, 3)
+    assert "manifest.jsonl" in r.err
+
+
+def _plain_tar(run: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(run, arcname=run.name)
+    return buf.getvalue()
+
+
+def test_audit_4_data_after_the_end_of_the_archive_is_limited(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "run")
+    data = _plain_tar(run)
+    ok = tmp_path / "ok.tar.gz"
+    ok.write_bytes(gzip.compress(data + b"\0" * 30_000, compresslevel=1))  # a few records of padding: normal
+    assert hp("report", str(ok)).code == 0
+    bomb = tmp_path / "bomb.tar.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as gz:
+        gz.write(data)
+        for _ in range(64):
+            gz.write(bytes(1 << 20))
+    r = hp("report", str(bomb))
+    one_line_error(r, 3)
+    assert "follow the end of the archive" in r.err
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_audit_7_an_archive_cut_at_a_member_boundary_is_truncated(tmp_path, gz):
+    run = copy_run(tmp_path, "h200-preflight", "run")
+    data = _plain_tar(run)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+    assert len(members) > 20
+    cut = data[:members[10].offset]
+    target = tmp_path / ("cut.tar.gz" if gz else "cut.tar")
+    target.write_bytes(gzip.compress(cut) if gz else cut)
+    r = hp("report", str(target))
+    one_line_error(r, 3)
+    assert "truncated" in r.err and "end-of-archive" in r.err
