@@ -507,10 +507,11 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                                "written with -o FILE", err=True)
             text = render_report(run, fmt=fmt, picture=picture)
         if output:
-            try:
-                fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+            from .confined import PathRefused, replace_output
+            try:  # a new file renamed over -o: a link there is replaced, a pipe or device refused
+                replace_output(output, text.encode())
+            except PathRefused as exc:
+                raise InputError(f"cannot write the report to {output}: {exc}") from None
             except OSError as exc:
                 raise InputError(f"cannot write the report to {output}: {exc.strerror or exc}") from None
             click.echo(f"report: {output}", err=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
-           "write_file_at", "read_json_object", "parse_json"]
+           "write_file_at", "read_json_object", "parse_json", "replace_output"]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
@@ -423,3 +423,37 @@ def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS
     except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def replace_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
+    """Write a file the user named (-o): a new temporary file in its directory, fsynced and
+    renamed over it, so a link there is replaced (never followed), an existing file gets
+    `mode` (0600) rather than keeping its own, and a named pipe, device or directory there is
+    refused (PathRefused) rather than opened. OSError when the directory cannot be written."""
+    import tempfile
+    out = Path(out)
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise PathRefused(f"{out} is {_kind(st.st_mode)}, not a regular file; give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, out)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

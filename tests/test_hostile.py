@@ -856,3 +856,27 @@ def test_audit_7_an_archive_cut_at_a_member_boundary_is_truncated(tmp_path, gz):
     r = hp("report", str(target))
     one_line_error(r, 3)
     assert "truncated" in r.err and "end-of-archive" in r.err
+
+
+def test_audit_5_report_o_replaces_a_link_and_never_opens_a_pipe(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    victim = secret_file(tmp_path, "victim")
+    before = victim.read_bytes()
+    link = tmp_path / "out.md"
+    link.symlink_to(victim)
+    r = hp("report", str(run), "-o", str(link))
+    assert r.code == 0, r.err
+    assert victim.read_bytes() == before and not link.is_symlink()
+    assert stat.S_IMODE(link.stat().st_mode) == 0o600 and link.read_text().startswith("# hostpin")
+    old = tmp_path / "old.md"
+    old.write_text("x")
+    old.chmod(0o644)
+    assert hp("report", str(run), "-o", str(old)).code == 0
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600
+    fifo = tmp_path / "f.md"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "repro.cli", "report", str(run), "-o", str(fifo)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 3 and "named pipe" in proc.stderr, proc.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
