@@ -189,6 +189,13 @@ class Dir:
         rel = normalize(rel)
         parent, name = self._parent(rel)
         try:
+            # the type first, from the entry itself (fstatat, no link followed): a device node is
+            # never opened, so no driver's open() runs for it
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISREG(before.st_mode):
+                raise self._refuse_link(parent, name, rel) if stat.S_ISLNK(before.st_mode) else \
+                    PathRefused(f"{rel} is {_kind(before.st_mode)}, not a regular file: not read")
+            self._refuse_hardlink(before, rel, "read")
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _NOFOLLOW, dir_fd=parent)
             except OSError as exc:
@@ -198,10 +205,25 @@ class Dir:
         finally:
             os.close(parent)
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             os.close(fd)
-            raise PathRefused(f"{rel} is {_kind(st.st_mode)}, not a regular file: not read")
+            raise PathRefused(f"{rel} is {_kind(st.st_mode)}, not a regular file, or was replaced while "
+                              "it was opened: not read")
+        try:
+            self._refuse_hardlink(st, rel, "read")
+        except PathRefused:
+            os.close(fd)
+            raise
         return fd
+
+    @staticmethod
+    def _refuse_hardlink(st: os.stat_result, rel: str, doing: str) -> None:
+        """A regular file with more than one name may be a file outside the directory linked in
+        (root/proc/meminfo -> /etc/shadow as a hard link, which no O_NOFOLLOW sees): refused.
+        hostpin never makes one, and the live /proc is not read through here."""
+        if st.st_nlink > 1:
+            raise PathRefused(f"{rel} has {st.st_nlink} hard links: it may be a file from outside the "
+                              f"directory linked in, so it is not {doing}")
 
     def _account(self, n: int, rel: str) -> None:
         self.bytes_read += n
@@ -371,9 +393,16 @@ class Dir:
                 raise
         finally:
             os.close(parent)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise PathRefused(f"{rel} is not a regular file: not written")
+        if append:  # appending to a file with another name writes into that other file
+            try:
+                self._refuse_hardlink(st, rel, "written")
+            except PathRefused:
+                os.close(fd)
+                raise
         os.set_blocking(fd, True)
         return fd
 

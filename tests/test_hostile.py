@@ -880,3 +880,57 @@ def test_audit_5_report_o_replaces_a_link_and_never_opens_a_pipe(tmp_path):
     assert proc.returncode == 3 and "named pipe" in proc.stderr, proc.stderr
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_audit_6_a_hard_link_in_a_run_is_neither_read_nor_appended_to(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    victim = secret_file(tmp_path, "victim")
+    (run / "root/proc/meminfo").unlink()
+    os.link(victim, run / "root/proc/meminfo")
+    r = hp("report", str(run), "--format", "text")
+    assert SECRET not in r.out + r.err
+    assert "hard links" in r.out + r.err, (r.code, r.out[-2000:], r.err)
+    # writing: the run's added-files journal hard-linked to a victim gets nothing appended
+    run2 = copy_run(tmp_path, "ci-preflight", "run2")
+    os.link(victim, run2 / "manifest.added.jsonl")
+    before = victim.read_bytes()
+    r = hp("report", str(run2), "--format", "text")
+    assert victim.read_bytes() == before
+    one_line_error(r, 3)
+    from diag.confined import PathRefused, open_dir
+    with open_dir(run2) as d, pytest.raises(PathRefused, match="hard links"):
+        d.open_new("manifest.added.jsonl", append=True)
+    assert victim.read_bytes() == before
+
+
+def test_audit_6_a_first_line_that_is_not_json_is_damage_not_a_cut(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    (run / "manifest.added.jsonl").write_text("garbage\n")
+    r = hp("report", str(run))
+    one_line_error(r, 3)
+    assert "manifest.added.jsonl line 1 is damaged" in r.err
+
+
+def test_audit_11_a_special_file_in_a_tree_is_never_opened(tmp_path):
+    """A named pipe stands in for a device node (mknod needs root): opening it for reading would
+    release the writer blocked on its other end, as opening a device runs its driver."""
+    run = copy_run(tmp_path, "ci-preflight", "R")
+    (run / "root/proc/meminfo").unlink()
+    os.mkfifo(run / "root/proc/meminfo")
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(run / 'root/proc/meminfo')!r}, 'wb')"])
+    try:
+        r = hp("preflight", "--no-cuda", "--root", str(run), "--out", str(tmp_path / "runs"), "--json")
+        assert r.code in (0, 1, 3) and "Traceback" not in r.err
+        r = hp("report", str(run), "--format", "text")
+        time.sleep(0.3)
+        assert writer.poll() is None, "the named pipe was opened"
+        if os.geteuid() == 0:
+            dev = tmp_path / "R2"
+            shutil.copytree(run, dev, symlinks=True, ignore=shutil.ignore_patterns("meminfo"))
+            os.mknod(dev / "root/proc/meminfo", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+            from diag.confined import PathRefused, open_dir
+            with open_dir(dev) as d, pytest.raises(PathRefused, match="character device"):
+                d.open_file("root/proc/meminfo")
+    finally:
+        writer.kill()
+        writer.wait()
