@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import stat
 import tarfile
 import tempfile
@@ -139,8 +140,24 @@ class Run:
             self.dir.close()
             self.dir = None
         if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            _remove_tree(self._tmp)
             self._tmp = None
+
+
+def _remove_tree(path: str) -> None:
+    """Remove an unpacked bundle with Ctrl-C, SIGTERM and SIGHUP held off until it is gone: a
+    second Ctrl-C landing during the removal must not leave half of it behind (the signal is
+    delivered, and acted on, once the directory is removed)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no pthread_sigmask: remove it all the same
+        old = None
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # -- bundles --------------------------------------------------------------------------------------
@@ -256,14 +273,14 @@ def _open_bundle(p: Path, limits: Limits) -> tuple[Path, str]:
     try:
         return _unpack(p, Path(tmp), limits), tmp
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         where = f" ({exc.filename})" if exc.filename else ""
         raise RunError(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
     except (PathRefused, TooLarge) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise RunError(f"{p}: {exc}") from None
     except BaseException:  # RunError, Ctrl-C, anything: the temporary directory never stays
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise
 
 
@@ -326,7 +343,7 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
         if d is not None:
             d.close()
         if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)
         if isinstance(exc, ManifestError):
             raise RunError(f"{path} could not be read: {exc}") from None
         if isinstance(exc, RunError):

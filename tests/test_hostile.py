@@ -42,7 +42,7 @@ def hp(*args: str, cwd: Path | None = None, env: dict | None = None) -> Result:
     from repro.cli import main
     out, err = io.StringIO(), io.StringIO()
     old_cwd = os.getcwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     old_env = dict(os.environ)
     old_umask = os.umask(0o022)
     os.umask(old_umask)
@@ -934,3 +934,32 @@ def test_audit_11_a_special_file_in_a_tree_is_never_opened(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+def _interrupt_unpacking(tmp_path: Path, bomb: Path, signals: list[tuple[int, float]]) -> tuple[int, str, Path]:
+    tmp = tmp_path / f"tmp{len(list(tmp_path.glob('tmp*')))}"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "report", str(bomb), "--max-size", "2GiB"], cwd=REPO,
+                            env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.stat().st_size > 0 for p in list(tmp.rglob("big.bin"))):
+            break
+        time.sleep(0.005)
+    for sig, pause in signals:
+        proc.send_signal(sig)
+        time.sleep(pause)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err, tmp
+
+
+def test_audit_8_sighup_and_a_second_ctrl_c_leave_no_unpacked_bundle(tmp_path):
+    bomb = _zeros_member(tmp_path / "bomb.tar.gz", 300 << 20)
+    code, err, tmp = _interrupt_unpacking(tmp_path, bomb, [(signal.SIGHUP, 0)])
+    assert code == 130 and "Traceback" not in err, err
+    assert list(tmp.iterdir()) == []
+    for gap in (0.001, 0.003, 0.006, 0.01):
+        code, err, tmp = _interrupt_unpacking(tmp_path, bomb, [(signal.SIGINT, gap), (signal.SIGINT, 0)])
+        assert code == 130 and "Traceback" not in err, (gap, err)
+        assert list(tmp.iterdir()) == [], gap
