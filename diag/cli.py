@@ -312,6 +312,9 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                                  param_hint="'--pid'")
     if table_file is not None and source != "file":
         raise click.BadParameter("--file goes with --source file", param_hint="'--file'")
+    if prometheus is not None and not (prometheus.parent if str(prometheus.parent) else Path(".")).is_dir():
+        raise InputError(f"cannot write {prometheus}: its directory {prometheus.parent} does not exist "
+                         "(give node_exporter's textfile directory; none is created)")
     opened = None
     if root is not None:
         if not os.path.lexists(root):

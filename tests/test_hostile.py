@@ -963,3 +963,18 @@ def test_audit_8_sighup_and_a_second_ctrl_c_leave_no_unpacked_bundle(tmp_path):
         code, err, tmp = _interrupt_unpacking(tmp_path, bomb, [(signal.SIGINT, gap), (signal.SIGINT, 0)])
         assert code == 130 and "Traceback" not in err, (gap, err)
         assert list(tmp.iterdir()) == [], gap
+
+
+def test_audit_10_prometheus_never_creates_a_directory(tmp_path):
+    missing = tmp_path / "nonexist" / "x.prom"
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", str(tmp_path / "runs"),
+           "--prometheus", str(missing))
+    one_line_error(r, 3)
+    assert "does not exist" in r.err and not missing.parent.exists()
+    from diag.prometheus import write_textfile
+    with pytest.raises(FileNotFoundError):
+        write_textfile({"checks": []}, missing, 0.0)
+    assert not missing.parent.exists()
+    ok = tmp_path / "x.prom"
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", str(tmp_path / "runs"), "--prometheus", str(ok))
+    assert "Traceback" not in r.err and stat.S_IMODE(ok.stat().st_mode) == 0o644
