@@ -978,3 +978,11 @@ def test_audit_10_prometheus_never_creates_a_directory(tmp_path):
     ok = tmp_path / "x.prom"
     r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", str(tmp_path / "runs"), "--prometheus", str(ok))
     assert "Traceback" not in r.err and stat.S_IMODE(ok.stat().st_mode) == 0o644
+
+
+def test_audit_13_an_empty_run_name_is_a_bad_command_line(tmp_path):
+    for args in (["report", ""], ["bundle", ""], ["compare", "", ""]):
+        one_line_error(hp(*args, cwd=tmp_path), 2)
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", "/dev/null")
+    one_line_error(r, 3)
+    assert "not a directory" in r.err and "every name is taken" not in r.err
