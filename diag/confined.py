@@ -30,6 +30,7 @@ __all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+MAX_DEPTH = 256  # directories below a run or tree: /proc and /sys captures are a few dozen deep
 
 
 class PathRefused(ValueError):
@@ -329,24 +330,37 @@ class Dir:
 
     def walk(self) -> list[tuple[str, os.stat_result]]:
         """Every entry below the directory (rel path, lstat), links not followed, sorted."""
+        # iterative, one directory open at a time (reopened by its path from the top, each step
+        # without links), and no deeper than MAX_DEPTH: /proc and /sys trees are a few dozen deep
         out: list[tuple[str, os.stat_result]] = []
-
-        def visit(fd: int, prefix: str) -> None:
-            for name in sorted(os.listdir(fd)):
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                rel = f"{prefix}{name}"
-                out.append((rel, st))
-                if stat.S_ISDIR(st.st_mode):
-                    sub = os.open(name, _DIRFLAGS, dir_fd=fd)
-                    try:
-                        visit(sub, rel + "/")
-                    finally:
-                        os.close(sub)
-                if len(out) > self.limits.files:
-                    raise TooLarge(f"more than {self.limits.files:,} files (--max-files raises the limit)")
-
-        visit(self.fd, "")
-        return out
+        pending = [""]
+        while pending:
+            prefix = pending.pop()
+            if prefix.count("/") > MAX_DEPTH:
+                raise TooLarge(f"{prefix.rstrip('/')[:200]}...: directories nested more than {MAX_DEPTH} deep; "
+                               "no run is")
+            if prefix:
+                parent, name = self._parent(prefix.rstrip("/"))
+                try:
+                    fd = os.open(name, _DIRFLAGS, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            else:
+                fd = os.dup(self.fd)
+            try:
+                subdirs = []
+                for name in sorted(os.listdir(fd)):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    rel = f"{prefix}{name}"
+                    out.append((rel, st))
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirs.append(rel + "/")
+                    if len(out) > self.limits.files:
+                        raise TooLarge(f"more than {self.limits.files:,} files (--max-files raises the limit)")
+                pending.extend(reversed(subdirs))
+            finally:
+                os.close(fd)
+        return sorted(out, key=lambda item: item[0].split("/"))
 
     # -- writing --------------------------------------------------------------------------------
     def write_new(self, rel: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:

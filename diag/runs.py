@@ -189,6 +189,9 @@ def _unpack(bundle: Path, dest: Path, limits: Limits) -> Path:
             raise RunError(f"{bundle} could not be read: the archive is truncated or corrupt ({exc})") from None
         except gzip.BadGzipFile as exc:
             raise RunError(f"{bundle} could not be read: the archive is corrupt ({exc})") from None
+        except RecursionError:  # tarfile reads each PAX / GNU long-name header by recursing
+            raise RunError(f"{bundle} could not be read: too many extended (PAX or GNU long-name) headers in a "
+                           "row; a bundle has one at most per member") from None
 
 
 def _unpack_stream(bundle: Path, stream, dest: Path, limits: Limits) -> Path:

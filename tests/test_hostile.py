@@ -986,3 +986,35 @@ def test_audit_13_an_empty_run_name_is_a_bad_command_line(tmp_path):
     r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", "/dev/null")
     one_line_error(r, 3)
     assert "not a directory" in r.err and "every name is taken" not in r.err
+
+
+def test_audit_12_a_chain_of_tar_headers_is_damage_not_an_internal_error(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    data = bytearray()
+    for _ in range(5000):  # each an extended header for the next one
+        data += tarfile.TarInfo._create_pax_generic_header({"comment": "x"}, tarfile.XHDTYPE, "utf-8")
+    data += _plain_tar(run)
+    target = tmp_path / "pax.tar.gz"
+    target.write_bytes(gzip.compress(bytes(data)))
+    r = hp("report", str(target))
+    one_line_error(r, 3)
+    assert "too many extended" in r.err and "internal error" not in r.err
+
+
+def test_audit_12_a_run_nested_too_deep_is_damage_not_an_internal_error(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    fd = os.open(run / "root", os.O_RDONLY)
+    try:
+        for _ in range(1500):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+    r = hp("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
+    one_line_error(r, 3)
+    assert "nested more than" in r.err and "RecursionError" not in r.err
+    from diag.confined import TooLarge, open_dir
+    with open_dir(run) as d, pytest.raises(TooLarge, match="nested more than"):
+        d.walk()
