@@ -51,6 +51,7 @@ class BundleOutputError(BundleError):
 
 
 _HEX = "0-9A-Fa-f"
+_PNG = b"\x89PNG\r\n\x1a\n"
 
 
 class Redactor:
@@ -63,13 +64,20 @@ class Redactor:
                            rf"[-_][{_HEX}]{{12}})(?![{_HEX}])")),
         # container IDs: 64 hex after docker-, cri-containerd-, crio-, a '/' or containerd://
         ("CONTAINER", re.compile(rf"(?:(?<=[/-])|(?<=://))([0-9a-f]{{64}})(?![{_HEX}])")),
-        ("MAC", re.compile(rf"(?<![{_HEX}:])[{_HEX}]{{2}}(?::[{_HEX}]{{2}}){{5}}(?![{_HEX}:])")),
+        # colon form: 6 octets (Ethernet), 8 (an EUI-64 GUID) up to 20 (an IPoIB hardware address);
+        # 'eth0:52:54:...' (an interface name glued on) still counts, a longer hex run does not
+        ("MAC", re.compile(rf"(?<![{_HEX}])(?<![{_HEX}]{{2}}:)[{_HEX}]{{2}}(?::[{_HEX}]{{2}}){{5,19}}"
+                           rf"(?![{_HEX}])(?!:[{_HEX}])")),
+        # an InfiniBand GUID as /sys/class/infiniband/*/node_guid writes it: 0c42:a103:007d:a2b6
+        ("GUID", re.compile(rf"(?<![\w:])[{_HEX}]{{4}}(?::[{_HEX}]{{4}}){{3}}(?![\w:])")),
         # dash form, and PXE's BOOTIF=01-aa-bb-cc-dd-ee-ff (hardware type 01, then the address)
         ("MAC", re.compile(rf"(?<![{_HEX}:-])[{_HEX}]{{2}}(?:-[{_HEX}]{{2}}){{5,6}}(?![{_HEX}:-])")),
         ("UUID", re.compile(rf"(?<![{_HEX}])[{_HEX}]{{8}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{4}}-[{_HEX}]{{12}}"
                             rf"(?![{_HEX}])")),
         # /etc/machine-id and the like: 32 hex digits on their own
-        ("MACHINE-ID", re.compile(rf"(?<![{_HEX}])[0-9a-f]{{32}}(?![{_HEX}])")),
+        ("MACHINE-ID", re.compile(rf"(?<![{_HEX}])(?:[0-9a-f]{{32}}|[0-9A-F]{{32}})(?![{_HEX}])")),
+        # EC2-style names that spell the address: ip-10-1-2-3.ec2.internal, ip-10-1-2-3.eu-west-1.compute.internal
+        ("HOST", re.compile(r"(?<![\w.-])ip-(?:\d{1,3}-){3}\d{1,3}(?:\.[A-Za-z0-9-]+)*(?![\w-])")),
         ("IP", re.compile(r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\w.])")),
         # IPv6: the full form, or a compressed one with a group on each side of '::' (not '0::/'
         # of /proc/self/cgroup)
@@ -85,6 +93,7 @@ class Redactor:
         ("USER", re.compile(r"(?m)\bUSER=([A-Za-z_][\w.-]{0,31})")),
         ("HOST", re.compile(r"\([A-Za-z_][\w.-]{0,31}@([A-Za-z][\w.-]*)\)")),  # (builder@host)
         ("HOST", re.compile(r"(?m)^Linux (\S+) \d\S* #")),                        # uname -a
+        ("HOST", re.compile(r"(?<![\w.])(?:hostname|fqdn|nodename)=([A-Za-z0-9][\w.-]*)")),  # cmdline, env
     ]
     KEEP = {"127.0.0.1", "0.0.0.0", "::", "::1", "255.255.255.255", "root", "00000000-0000-0000-0000-000000000000",
             "ff:ff:ff:ff:ff:ff", "00:00:00:00:00:00", "ff-ff-ff-ff-ff-ff", "00-00-00-00-00-00", "0" * 32}
@@ -100,9 +109,11 @@ class Redactor:
         self.kinds: dict[str, str] = {}       # token -> kind
         self.counts: dict[str, int] = {}
         self.where: dict[str, set[str]] = {}
+        self.node_names: set[str] = set()  # the node's own names: replaced in every file
         for h in hostnames:
             if h and len(h) >= 2:
                 self._token("HOST", h)
+                self.node_names.add(h)
 
     def _token(self, kind: str, value: str, aliases: tuple[str, ...] = ()) -> str:
         token = next((self.tokens[v] for v in (value, *aliases) if v in self.tokens), None)
@@ -118,7 +129,7 @@ class Redactor:
         for kind, rx in self.LABELLED + self.PATTERNS:
             for m in rx.finditer(text):
                 value = m.group(1) if rx.groups else m.group(0)
-                if value in self.KEEP or value in self.tokens or len(value) < 2 or _looks_like_version(value):
+                if value in self.KEEP or value in self.tokens or len(value) < 2 or (kind == "IP" and _looks_like_version(value)):
                     continue
                 if kind == "POD":  # the same UID spelled with '-' and with '_'
                     self._token(kind, value, (value.replace("_", "-"), value.replace("-", "_")))
@@ -133,10 +144,15 @@ class Redactor:
         # longest first, and only as a whole word: host 'vm' must not eat 'vmstat'
         for value, token in sorted(self.tokens.items(), key=lambda kv: -len(kv[0])):
             kind = self.kinds[token]
+            before, after = self._BEFORE.get(kind, r"(?<![A-Za-z0-9])"), r"(?![A-Za-z0-9])"
             if kind == "HOST" and not self._distinctive(value) and where not in self.HOST_FILES:
-                continue
-            before = self._BEFORE.get(kind, r"(?<![A-Za-z0-9])")
-            rx = re.compile(before + re.escape(value) + r"(?![A-Za-z0-9])")
+                # a short plain name of this node ('alpha' in root=nfs:alpha:/export) still goes, as a
+                # word of its own (not a path component or part of a name); under 4 letters ('vm',
+                # 'gpu') it would eat kernel words, so it is left to the files where names live
+                if value not in self.node_names or len(value) < 4:
+                    continue
+                before, after = r"(?<![\w/.-])", r"(?![\w/-])(?!\.\w)"
+            rx = re.compile(before + re.escape(value) + after)
             text, n = rx.subn(token, text)
             if n:
                 self.counts[token] = self.counts.get(token, 0) + n
@@ -149,8 +165,9 @@ class Redactor:
             return self.apply(value, where)
         if isinstance(value, list):
             return [self.apply_all(v, where) for v in value]
-        if isinstance(value, dict):
-            return {k: (v if k == "sha256" else self.apply_all(v, where)) for k, v in value.items()}
+        if isinstance(value, dict):  # keys too: {"10.20.30.40": ...} is as telling as a value
+            return {(self.apply(k, where) if isinstance(k, str) else k): (v if k == "sha256" else self.apply_all(v, where))
+                    for k, v in value.items()}
         return value
 
     def listing(self) -> list[dict[str, Any]]:
@@ -283,28 +300,36 @@ def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entri
     if "root/proc/sys/kernel/hostname" in contents:
         hosts.append(contents["root/proc/sys/kernel/hostname"].decode("utf-8", "replace").strip())
     redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h])
-    texts = {}
+    # every file is redacted as text, whatever its encoding: bytes that are not UTF-8 decode to
+    # lone surrogates (surrogateescape), which no pattern matches and which encode back to the
+    # same bytes, so one bad byte no longer exempts a whole file. A picture (PNG) cannot be
+    # rewritten without breaking it and may carry a verdict naming the node: it is left out.
+    texts: dict[str, str] = {}
+    omitted: set[str] = set()
     for rel, data in contents.items():
-        try:
-            texts[rel] = data.decode("utf-8")
-        except UnicodeDecodeError:
+        if data.startswith(_PNG):
+            omitted.add(rel)
             continue
+        texts[rel] = data.decode("utf-8", "surrogateescape")
         redactor.learn(texts[rel])
     redactor.learn(json.dumps(manifest, sort_keys=True))
     redactor.learn(name)
     out: dict[str, bytes] = {}
     renamed: dict[str, str] = {}
-    for rel, data in contents.items():
+    for rel in texts:
         new_rel = redactor.apply(rel, "(file name)")
         renamed[rel] = new_rel
-        out[new_rel] = redactor.apply(texts[rel], rel).encode() if rel in texts else data
+        out[new_rel] = redactor.apply(texts[rel], rel).encode("utf-8", "surrogateescape")
     new_entries = []
     for e in entries:
         e2 = redactor.apply_all(e, "manifest.json")
         e2["path"] = renamed.get(e["path"], e2["path"])
         if e["path"] in renamed:
             data = out[renamed[e["path"]]]
-            e2.update(size=len(data), sha256=_sha(data), redacted=e["path"] in texts)
+            e2.update(size=len(data), sha256=_sha(data), redacted=True)
+        elif e["path"] in omitted:
+            e2.update(skipped=True, size=0, sha256=None, redacted=True,
+                      reason="left out of a redacted bundle: a picture cannot be redacted")
         new_entries.append(e2)
     new_name = redactor.apply(name, "(directory name)")
     top = {k: v for k, v in manifest.items() if k != "entries"}

@@ -166,6 +166,9 @@ def json_option(f):
 
 def open_run(out: Path | None, command: str, durable: bool = False):
     from .evidence import RunDir, new_run_dir
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
+                         "choose another with --out")
     for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
         path = new_run_dir(out, command)
         try:
@@ -312,6 +315,9 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                                  param_hint="'--pid'")
     if table_file is not None and source != "file":
         raise click.BadParameter("--file goes with --source file", param_hint="'--file'")
+    if prometheus is not None and not (prometheus.parent if str(prometheus.parent) else Path(".")).is_dir():
+        raise InputError(f"cannot write {prometheus}: its directory {prometheus.parent} does not exist "
+                         "(give node_exporter's textfile directory; none is created)")
     opened = None
     if root is not None:
         if not os.path.lexists(root):
@@ -417,6 +423,8 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
 def _open(path: str, limits=None):
     from .confined import DEFAULT_LIMITS
     from .runs import RunError, RunMissing, open_run_path
+    if not str(path).strip():  # '' is not the current directory
+        raise click.BadParameter("an empty name is not a run; give a run directory or a bundle", param_hint="RUN")
     try:
         return open_run_path(path, limits or DEFAULT_LIMITS)
     except RunMissing as exc:
@@ -507,10 +515,11 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                                "written with -o FILE", err=True)
             text = render_report(run, fmt=fmt, picture=picture)
         if output:
-            try:
-                fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+            from .confined import PathRefused, replace_output
+            try:  # a new file renamed over -o: a link there is replaced, a pipe or device refused
+                replace_output(output, text.encode())
+            except PathRefused as exc:
+                raise InputError(f"cannot write the report to {output}: {exc}") from None
             except OSError as exc:
                 raise InputError(f"cannot write the report to {output}: {exc.strerror or exc}") from None
             click.echo(f"report: {output}", err=True)
@@ -527,7 +536,7 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
 
 
 @cli.command()
-@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(path_type=Path))
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path())
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The .tar.gz to write (default: RUN_DIR's name + .tar.gz here).")
 @click.option("--redact", is_flag=True, help="Replace host names, IP/MAC addresses, user names, serials, UUIDs, "
@@ -544,6 +553,10 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
     2: RUN_DIR does not exist; 3: it could not be read or vouched for, or the bundle not written.
     """
     from .bundle import BundleError, BundleMissing, make_bundle
+    if not run_dir.strip():  # '' is not the current directory
+        raise click.BadParameter("an empty name is not a run directory; give one (hostpin-runs/...)",
+                                 param_hint="RUN_DIR")
+    run_dir = Path(run_dir)
     with evaluating(str(run_dir)):
         try:
             result = make_bundle(run_dir, output, redact=redact, limits=_limits(max_size, max_files))

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
-           "write_file_at", "read_json_object"]
+           "write_file_at", "read_json_object", "parse_json", "replace_output"]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+MAX_DEPTH = 256  # directories below a run or tree: /proc and /sys captures are a few dozen deep
 
 
 class PathRefused(ValueError):
@@ -54,7 +55,31 @@ class Limits:
         return cls(total_bytes=total, files=files or cls.files, file_bytes=min(total, max(256 << 20, total // 4)))
 
 
+    @property
+    def json_bytes(self) -> int:
+        """The most a JSON file (a manifest, a result, a journal) may be before it is parsed: a
+        real manifest is about 1 MiB for thousands of entries; 32 MiB at the default --max-files,
+        more with it. Parsing is what costs memory (50 bytes and up per value), not reading."""
+        return max(32 << 20, self.files * 1600)
+
+
 DEFAULT_LIMITS = Limits()
+
+
+def parse_json(data: bytes, what: str, limit: int) -> object:
+    """json.loads within bounds: TooLarge past `limit` bytes or past one container ([ or {) per
+    16 bytes (a crafted `[[],[],...]` costs ~64 bytes of memory per 3 bytes of input);
+    ValueError for text that is not JSON, too deep included."""
+    import json
+    if len(data) > limit:
+        raise TooLarge(f"{what} is {len(data):,} bytes, more than a run ever writes ({limit:,}; --max-files "
+                       "raises the limit)")
+    if len(data) > 1 << 20 and data.count(b"[") + data.count(b"{") > len(data) // 16:
+        raise TooLarge(f"{what} holds more nested lists and objects than a run ever writes; not parsed")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deep") from None
 
 
 def normalize(rel: object) -> str:
@@ -165,6 +190,13 @@ class Dir:
         rel = normalize(rel)
         parent, name = self._parent(rel)
         try:
+            # the type first, from the entry itself (fstatat, no link followed): a device node is
+            # never opened, so no driver's open() runs for it
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if not stat.S_ISREG(before.st_mode):
+                raise self._refuse_link(parent, name, rel) if stat.S_ISLNK(before.st_mode) else \
+                    PathRefused(f"{rel} is {_kind(before.st_mode)}, not a regular file: not read")
+            self._refuse_hardlink(before, rel, "read")
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _NOFOLLOW, dir_fd=parent)
             except OSError as exc:
@@ -174,10 +206,25 @@ class Dir:
         finally:
             os.close(parent)
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             os.close(fd)
-            raise PathRefused(f"{rel} is {_kind(st.st_mode)}, not a regular file: not read")
+            raise PathRefused(f"{rel} is {_kind(st.st_mode)}, not a regular file, or was replaced while "
+                              "it was opened: not read")
+        try:
+            self._refuse_hardlink(st, rel, "read")
+        except PathRefused:
+            os.close(fd)
+            raise
         return fd
+
+    @staticmethod
+    def _refuse_hardlink(st: os.stat_result, rel: str, doing: str) -> None:
+        """A regular file with more than one name may be a file outside the directory linked in
+        (root/proc/meminfo -> /etc/shadow as a hard link, which no O_NOFOLLOW sees): refused.
+        hostpin never makes one, and the live /proc is not read through here."""
+        if st.st_nlink > 1:
+            raise PathRefused(f"{rel} has {st.st_nlink} hard links: it may be a file from outside the "
+                              f"directory linked in, so it is not {doing}")
 
     def _account(self, n: int, rel: str) -> None:
         self.bytes_read += n
@@ -214,6 +261,15 @@ class Dir:
             return data
         finally:
             os.close(fd)
+
+    def read_json(self, rel: str) -> object:
+        """A JSON file, its size checked before it is read (TooLarge), ValueError when not JSON."""
+        st = self.lstat(rel)
+        limit = self.limits.json_bytes
+        if st is not None and st.st_size > limit:
+            raise TooLarge(f"{rel} is {st.st_size:,} bytes, more than a run ever writes ({limit:,}; --max-files "
+                           "raises the limit)")
+        return parse_json(self.read_bytes(rel, limit + 1), rel, limit)
 
     def read_text(self, rel: str, limit: int | None = None, tail: bool = False) -> str:
         return self.read_bytes(rel, limit, tail).decode("utf-8", errors="replace")
@@ -274,24 +330,37 @@ class Dir:
 
     def walk(self) -> list[tuple[str, os.stat_result]]:
         """Every entry below the directory (rel path, lstat), links not followed, sorted."""
+        # iterative, one directory open at a time (reopened by its path from the top, each step
+        # without links), and no deeper than MAX_DEPTH: /proc and /sys trees are a few dozen deep
         out: list[tuple[str, os.stat_result]] = []
-
-        def visit(fd: int, prefix: str) -> None:
-            for name in sorted(os.listdir(fd)):
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                rel = f"{prefix}{name}"
-                out.append((rel, st))
-                if stat.S_ISDIR(st.st_mode):
-                    sub = os.open(name, _DIRFLAGS, dir_fd=fd)
-                    try:
-                        visit(sub, rel + "/")
-                    finally:
-                        os.close(sub)
-                if len(out) > self.limits.files:
-                    raise TooLarge(f"more than {self.limits.files:,} files (--max-files raises the limit)")
-
-        visit(self.fd, "")
-        return out
+        pending = [""]
+        while pending:
+            prefix = pending.pop()
+            if prefix.count("/") > MAX_DEPTH:
+                raise TooLarge(f"{prefix.rstrip('/')[:200]}...: directories nested more than {MAX_DEPTH} deep; "
+                               "no run is")
+            if prefix:
+                parent, name = self._parent(prefix.rstrip("/"))
+                try:
+                    fd = os.open(name, _DIRFLAGS, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            else:
+                fd = os.dup(self.fd)
+            try:
+                subdirs = []
+                for name in sorted(os.listdir(fd)):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    rel = f"{prefix}{name}"
+                    out.append((rel, st))
+                    if stat.S_ISDIR(st.st_mode):
+                        subdirs.append(rel + "/")
+                    if len(out) > self.limits.files:
+                        raise TooLarge(f"more than {self.limits.files:,} files (--max-files raises the limit)")
+                pending.extend(reversed(subdirs))
+            finally:
+                os.close(fd)
+        return sorted(out, key=lambda item: item[0].split("/"))
 
     # -- writing --------------------------------------------------------------------------------
     def write_new(self, rel: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
@@ -338,9 +407,16 @@ class Dir:
                 raise
         finally:
             os.close(parent)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise PathRefused(f"{rel} is not a regular file: not written")
+        if append:  # appending to a file with another name writes into that other file
+            try:
+                self._refuse_hardlink(st, rel, "written")
+            except PathRefused:
+                os.close(fd)
+                raise
         os.set_blocking(fd, True)
         return fd
 
@@ -384,10 +460,43 @@ def write_file_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600, durabl
 
 def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS) -> dict | None:
     """A JSON object from base/rel read without links, or None (absent, refused, not an object)."""
-    import json
     try:
         with open_dir(base, limits) as d:
-            value = json.loads(d.read_bytes(rel))
+            value = d.read_json(rel)
     except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def replace_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
+    """Write a file the user named (-o): a new temporary file in its directory, fsynced and
+    renamed over it, so a link there is replaced (never followed), an existing file gets
+    `mode` (0600) rather than keeping its own, and a named pipe, device or directory there is
+    refused (PathRefused) rather than opened. OSError when the directory cannot be written."""
+    import tempfile
+    out = Path(out)
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise PathRefused(f"{out} is {_kind(st.st_mode)}, not a regular file; give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, out)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

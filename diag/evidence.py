@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, normalize, open_dir
+from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, TooLarge, normalize, open_dir, parse_json
 
 __all__ = ["RunDir", "new_run_dir", "MAX_FILE_BYTES", "load_manifest", "verify_manifest", "add_after_run",
            "ManifestError", "MANIFEST_FILES", "ADDED", "unrecorded_files", "command_of"]
@@ -300,19 +300,26 @@ def _check_entry(e: Any, where: str) -> dict[str, Any]:
 
 def _read_lines(d: Dir, rel: str, what: str) -> tuple[list[Any], bool]:
     """JSON lines of a journal; a cut last line (a killed writer) is dropped and reported."""
-    text = d.read_text(rel)
+    st = d.lstat(rel)
+    if st is not None and st.st_size > d.limits.json_bytes:
+        raise ManifestError(f"{what} is {st.st_size:,} bytes, more than a run ever writes "
+                            f"({d.limits.json_bytes:,}; --max-files raises the limit)")
+    text = d.read_text(rel, d.limits.json_bytes + 1)
     lines = text.split("\n")
     out, cut = [], False
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            out.append(parse_json(line.encode(), f"{what} line {i + 1}", d.limits.json_bytes))
+        except TooLarge as exc:
+            raise ManifestError(str(exc)) from None
         except (ValueError, RecursionError):
-            if all(not x.strip() for x in lines[i + 1:]):
+            if i > 0 and all(not x.strip() for x in lines[i + 1:]):
                 cut = True
                 break
-            raise ManifestError(f"{what} line {i + 1} is damaged (not JSON) and more follows it") from None
+            more = " and more follows it" if i > 0 else " (its first line)"
+            raise ManifestError(f"{what} line {i + 1} is damaged (not JSON){more}") from None
     return out, cut
 
 
@@ -337,7 +344,9 @@ def _check_header(m: dict[str, Any], what: str) -> None:
 def _load(d: Dir, name: str) -> dict[str, Any]:
     if d.lstat("manifest.json") is not None:
         try:
-            manifest = json.loads(d.read_bytes("manifest.json"))
+            manifest = d.read_json("manifest.json")
+        except TooLarge as exc:
+            raise ManifestError(str(exc)) from None
         except (ValueError, RecursionError) as exc:
             raise ManifestError(f"manifest.json is not valid JSON ({exc})") from None
         if not isinstance(manifest, dict):

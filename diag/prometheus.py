@@ -74,9 +74,10 @@ def render_textfile(result: PreflightResult | dict[str, Any], timestamp: float) 
 
 
 def write_textfile(result: PreflightResult | dict[str, Any], path: Path | str, timestamp: float) -> Path:
-    """Write next to the target and rename over it, so node_exporter never reads half a file."""
+    """Write next to the target and rename over it, so node_exporter never reads half a file.
+    The directory must exist (node_exporter's textfile directory): none is ever created
+    (FileNotFoundError). The file is 0644, as node_exporter, another user, must read it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:

@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import stat
 import tarfile
 import tempfile
@@ -110,11 +111,22 @@ class Run:
             return None
 
     def read_jsonl(self, rel: str) -> list[dict]:
-        text = self.read_text(rel)
+        """The JSON lines of a file (a timeline): at most the JSON limit of it is read (the rest
+        is said in problems), a line too large or not JSON ends it (a killed run's last line)."""
+        if self.dir is None:
+            return []
+        limit = self.dir.limits.json_bytes
+        st = self.dir.lstat(rel)
+        if st is not None and st.st_size > limit:
+            self.problems.append(f"{rel}: {st.st_size:,} bytes; only the first {limit:,} are read "
+                                 "(--max-files raises the limit)")
+        text = self.read_text(rel, limit)
         if text is None:
             return []
         out = []
         for line in text.splitlines():
+            if len(line) > 1 << 20:  # a timeline line is a few hundred bytes
+                break
             try:
                 value = json.loads(line)
             except (ValueError, RecursionError):
@@ -128,12 +140,29 @@ class Run:
             self.dir.close()
             self.dir = None
         if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            _remove_tree(self._tmp)
             self._tmp = None
+
+
+def _remove_tree(path: str) -> None:
+    """Remove an unpacked bundle with Ctrl-C, SIGTERM and SIGHUP held off until it is gone: a
+    second Ctrl-C landing during the removal must not leave half of it behind (the signal is
+    delivered, and acted on, once the directory is removed)."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError, ValueError):  # no pthread_sigmask: remove it all the same
+        old = None
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 # -- bundles --------------------------------------------------------------------------------------
 _ALLOWED_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE)
+_TRAILER_MAX = 1 << 20  # zeros after the end-of-archive blocks: a record's padding, never more
 
 
 def _member_rel(m: tarfile.TarInfo, bundle: Path) -> str | None:
@@ -160,6 +189,9 @@ def _unpack(bundle: Path, dest: Path, limits: Limits) -> Path:
             raise RunError(f"{bundle} could not be read: the archive is truncated or corrupt ({exc})") from None
         except gzip.BadGzipFile as exc:
             raise RunError(f"{bundle} could not be read: the archive is corrupt ({exc})") from None
+        except RecursionError:  # tarfile reads each PAX / GNU long-name header by recursing
+            raise RunError(f"{bundle} could not be read: too many extended (PAX or GNU long-name) headers in a "
+                           "row; a bundle has one at most per member") from None
 
 
 def _unpack_stream(bundle: Path, stream, dest: Path, limits: Limits) -> Path:
@@ -214,14 +246,26 @@ def _unpack_stream(bundle: Path, stream, dest: Path, limits: Limits) -> Path:
                     left -= len(piece)
         # what follows the last member must be the end-of-archive zeros: tarfile takes a damaged
         # header in the middle for the end, and a gzip stream is checked only when read to its end
+        # (two blocks, padded to a record: 10 KiB from tarfile and GNU tar, more with a larger
+        # blocking factor). Past _TRAILER_MAX it is not padding but something else: refused
+        # without reading it all (4 GiB of zeros inside a 4 MB .tar.gz). No zeros at all: the
+        # archive was cut at a member boundary, with members missing.
         stream.seek(tar.offset)
+        trailer = 0
         while True:
-            piece = stream.read(1 << 20)
+            piece = stream.read(min(1 << 20, _TRAILER_MAX + 1 - trailer))
             if not piece:
                 break
             if piece.strip(b"\0"):
                 raise RunError(f"{bundle} could not be read: the archive is corrupt after member {count} "
                                f"(a damaged header at byte {tar.offset:,} of the tar stream)")
+            trailer += len(piece)
+            if trailer > _TRAILER_MAX:
+                raise RunError(f"{bundle} could not be read: more than {_TRAILER_MAX:,} bytes follow the end of "
+                               f"the archive (at byte {tar.offset:,} of the tar stream); a bundle ends there")
+        if trailer < 2 * tarfile.BLOCKSIZE:
+            raise RunError(f"{bundle} could not be read: the archive is truncated (it ends after member {count} "
+                           "without the end-of-archive marker, so members may be missing)")
     if top is None:
         raise RunError(f"{bundle} could not be read: the archive holds no run directory")
     return dest / top
@@ -232,14 +276,14 @@ def _open_bundle(p: Path, limits: Limits) -> tuple[Path, str]:
     try:
         return _unpack(p, Path(tmp), limits), tmp
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         where = f" ({exc.filename})" if exc.filename else ""
         raise RunError(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
     except (PathRefused, TooLarge) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise RunError(f"{p}: {exc}") from None
     except BaseException:  # RunError, Ctrl-C, anything: the temporary directory never stays
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tree(tmp)
         raise
 
 
@@ -251,7 +295,7 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> 
     if d.lstat("result.json") is None:
         return {}
     try:
-        value = json.loads(d.read_bytes("result.json"))
+        value = d.read_json("result.json")
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
         return value
@@ -302,7 +346,7 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
         if d is not None:
             d.close()
         if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)
         if isinstance(exc, ManifestError):
             raise RunError(f"{path} could not be read: {exc}") from None
         if isinstance(exc, RunError):

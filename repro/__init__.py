@@ -18,3 +18,4 @@ if (_argv and _argv[0].rsplit("/", 1)[-1] == "hostpin") or any(
 
     _signal.signal(_signal.SIGINT, _interrupted_at_start_up)
     _signal.signal(_signal.SIGTERM, _interrupted_at_start_up)
+    _signal.signal(_signal.SIGHUP, _interrupted_at_start_up)

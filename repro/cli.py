@@ -19,6 +19,7 @@ def _interrupted_at_start_up(signum, frame):  # nothing is set up yet: nothing t
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
     signal.signal(signal.SIGINT, _interrupted_at_start_up)
     signal.signal(signal.SIGTERM, _interrupted_at_start_up)
+    signal.signal(signal.SIGHUP, _interrupted_at_start_up)
 
 import click  # noqa: E402
 
@@ -268,8 +269,19 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     # from here on a Ctrl-C or SIGTERM unwinds, so that every `finally` (a bundle's temporary
     # directory, a reproduction's cleanup) runs; a reproduction installs its own handlers
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # (SIGHUP, the terminal closing, too). Only the first one unwinds: a second Ctrl-C a few ms
+    # later lands in that cleanup (a bundle's rmtree) and must not cut it short.
+    # The later ones are ignored by the kernel (SIG_IGN), also while the interpreter exits, which
+    # would otherwise reset a Python handler to the default and die of the signal after cleaning up.
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def _unwind(signum, frame):
+        for s in stops:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for s in stops:
+        signal.signal(s, _unwind)
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
     # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
     os.umask(os.umask(0o077) | 0o077)

@@ -92,6 +92,7 @@ def _shim(tmp_path: Path) -> Path:
 def _loop_once(tmp_path: Path, site_text: str) -> dict:
     site = tmp_path / "hostpin.toml"
     site.write_text(site_text)
+    (tmp_path / "textfile").mkdir(exist_ok=True)  # the kubelet makes it (hostPath DirectoryOrCreate); hostpin never does
     script = _daemonset()["spec"]["template"]["spec"]["containers"][0]["args"][0]
     env = {"PATH": os.environ["PATH"], "HOSTPIN": str(_shim(tmp_path)), "HOSTPIN_CONFIG": str(site),
            "HOSTPIN_ONCE": "1", "HOSTPIN_KEEP_RUNS": "2", "HOSTPIN_RUNS": str(tmp_path / "runs"),

@@ -237,6 +237,7 @@ def test_compare_across_a_bundle_and_directories(tmp_path):
 def test_prometheus_textfile_parses_and_carries_the_figures(tmp_path):
     parser = pytest.importorskip("prometheus_client.parser")
     target = tmp_path / "textfile" / "hostpin.prom"
+    target.parent.mkdir()  # node_exporter's textfile directory: hostpin never creates it
     r = hostpin("preflight", "--root", str(FIXTURES / "h200-preflight"), "--size", "47.2GiB", "--ranks", "2",
                 "--prometheus", str(target), "--json", "--out", str(tmp_path / "runs"))
     result = json.loads(r.stdout)

@@ -42,7 +42,7 @@ def hp(*args: str, cwd: Path | None = None, env: dict | None = None) -> Result:
     from repro.cli import main
     out, err = io.StringIO(), io.StringIO()
     old_cwd = os.getcwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     old_env = dict(os.environ)
     old_umask = os.umask(0o022)
     os.umask(old_umask)
@@ -718,3 +718,303 @@ def test_16_report_changes_no_file_of_the_run_it_reads(tmp_path):
     assert added == {"report.md", "manifest.added.jsonl"}
     again = hp("report", str(run), "--no-picture")
     assert again.code == 0 and {p.name for p in run.iterdir()} - {p.name for p in before} - {"root"} == added
+
+
+# == the audit of the fixes above: one test per numbered finding =====================================
+def _rewrite(run: Path, rel: str, data: bytes) -> None:
+    """Change one file of a copied run and its manifest entry, as an attacker who knows the format would."""
+    (run / rel).parent.mkdir(parents=True, exist_ok=True)
+    (run / rel).write_bytes(data)
+    m = json.loads((run / "manifest.json").read_text())
+    for e in m["entries"]:
+        if e["path"] == rel:
+            e.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            break
+    else:
+        m["entries"].append(entry(rel, data))
+    (run / "manifest.json").write_text(json.dumps(m))
+
+
+CMDLINE_IDS = {"mac": "01-52-54-00-ab-cd-ef", "ip": "10.20.30.40", "mid": "4c4c4544004e3510804bc4c04f4d3332",
+               "host": "gpunode17.corp.example.com", "mac2": "52:54:00:12:34:56", "ip6": "fe80::5054:ff:fe12:3456"}
+
+
+def test_audit_1_a_file_that_is_not_utf8_is_still_redacted(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    ids = CMDLINE_IDS
+    _rewrite(run, "root/proc/cmdline", b"\xff\xfe" + (
+        f"BOOTIF={ids['mac']} ip={ids['ip']} systemd.machine_id={ids['mid']} hostname={ids['host']} "
+        f"ifname=eth0:{ids['mac2']} v6={ids['ip6']}\n").encode())
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"), "--json")
+    assert r.code == 0, r.err
+    with tarfile.open(tmp_path / "x.tar.gz") as tar:
+        raw = b"".join(tar.extractfile(m).read() for m in tar if m.isfile())
+        cmdline = next(tar.extractfile(m).read() for m in tar if m.name.endswith("root/proc/cmdline"))
+        manifest = json.loads(next(tar.extractfile(m).read() for m in tar if m.name.endswith("/manifest.json")))
+    for value in ids.values():
+        assert value.encode() not in raw, f"{value} survived redaction"
+    assert cmdline.startswith(b"\xff\xfeBOOTIF=REDACTED-MAC-")  # the other bytes kept as they were
+    assert next(e for e in manifest["entries"] if e["path"] == "root/proc/cmdline")["redacted"] is True
+    assert hp("report", str(tmp_path / "x.tar.gz")).code == 0
+
+
+@pytest.mark.parametrize("value", ["4C4C4544004E3510804BC4C04F4D3333",
+                                   "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:7d:a2:b6",
+                                   "0c42:a103:007d:a2b6", "ip-10-1-2-3.ec2.internal", "alpha"])
+def test_audit_2_redaction_gaps(tmp_path, value):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    m = json.loads((run / "manifest.json").read_text())
+    m["host"] = "alpha"
+    (run / "manifest.json").write_text(json.dumps(m))
+    _rewrite(run, "root/proc/cmdline", f"root=nfs:alpha:/export id={value} quiet\n".encode())
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"))
+    assert r.code == 0, r.err
+    blob = bundle_text(tmp_path / "x.tar.gz")
+    assert value not in blob and value.lower() not in blob
+    assert "root=nfs:REDACTED-HOST-1:/export" in blob
+    from diag.bundle import Redactor
+    red = Redactor(["alpha"])
+    assert red.apply("alphabet /alpha/x alpha-2 alpha", "root/proc/cmdline") == "alphabet /alpha/x alpha-2 REDACTED-HOST-1"
+
+
+def test_audit_2_json_keys_are_redacted_too(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "R")
+    m = json.loads((run / "manifest.json").read_text())
+    m["host"] = "gpunode17.corp.example.com"
+    m["extra_gpunode17.corp.example.com"] = {"10.20.30.40": "x"}
+    (run / "manifest.json").write_text(json.dumps(m))
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "x.tar.gz"))
+    assert r.code == 0, r.err
+    blob = bundle_text(tmp_path / "x.tar.gz")
+    assert "gpunode17" not in blob and "10.20.30.40" not in blob
+
+
+@pytest.mark.parametrize("how", ["too-large", "dense"])
+def test_audit_3_a_json_bomb_is_refused_before_it_is_parsed(tmp_path, how):
+    import resource
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    n = (34 << 20) // 3 if how == "too-large" else (8 << 20) // 3  # 34 MiB: over the cap; 8 MiB: under it
+    (run / "manifest.json").write_bytes(b'{"entries": [' + b"[]," * n + b"[]]}")
+    with tarfile.open(tmp_path / "b.tar.gz", "w:gz", compresslevel=1) as tar:
+        tar.add(run, arcname="run")
+    for target in (run, tmp_path / "b.tar.gz"):
+        t0 = time.monotonic()
+        r = hostpin("report", str(target), "--format", "text")
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        assert "manifest.json" in r.stderr and ("more than a run ever writes" in r.stderr
+                                                or "nested lists" in r.stderr), r.stderr
+        assert time.monotonic() - t0 < 20
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 400 << 10  # KiB: under 400 MiB
+
+
+def test_audit_3_a_journal_or_result_over_the_json_cap_is_refused(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    _rewrite(run, "result.json", b'{"a": "' + b"x" * (33 << 20) + b'"}')
+    r = hp("report", str(run), "--max-size", "2GiB")
+    one_line_error(r, 3)
+    assert "result.json" in r.err and "more than a run ever writes" in r.err
+    (run / "manifest.json").unlink()
+    (run / "manifest.jsonl").write_bytes(b'{"run": {"command": "preflight"}}\n' + b'{"x": 1}\n' * (4 << 20))
+    r = hp("report", str(run))
+    one_line_error(r, 3)
+    assert "manifest.jsonl" in r.err
+
+
+def _plain_tar(run: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(run, arcname=run.name)
+    return buf.getvalue()
+
+
+def test_audit_4_data_after_the_end_of_the_archive_is_limited(tmp_path):
+    run = copy_run(tmp_path, "h200-preflight", "run")
+    data = _plain_tar(run)
+    ok = tmp_path / "ok.tar.gz"
+    ok.write_bytes(gzip.compress(data + b"\0" * 30_000, compresslevel=1))  # a few records of padding: normal
+    assert hp("report", str(ok)).code == 0
+    bomb = tmp_path / "bomb.tar.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as gz:
+        gz.write(data)
+        for _ in range(64):
+            gz.write(bytes(1 << 20))
+    r = hp("report", str(bomb))
+    one_line_error(r, 3)
+    assert "follow the end of the archive" in r.err
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_audit_7_an_archive_cut_at_a_member_boundary_is_truncated(tmp_path, gz):
+    run = copy_run(tmp_path, "h200-preflight", "run")
+    data = _plain_tar(run)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+    assert len(members) > 20
+    cut = data[:members[10].offset]
+    target = tmp_path / ("cut.tar.gz" if gz else "cut.tar")
+    target.write_bytes(gzip.compress(cut) if gz else cut)
+    r = hp("report", str(target))
+    one_line_error(r, 3)
+    assert "truncated" in r.err and "end-of-archive" in r.err
+
+
+def test_audit_5_report_o_replaces_a_link_and_never_opens_a_pipe(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    victim = secret_file(tmp_path, "victim")
+    before = victim.read_bytes()
+    link = tmp_path / "out.md"
+    link.symlink_to(victim)
+    r = hp("report", str(run), "-o", str(link))
+    assert r.code == 0, r.err
+    assert victim.read_bytes() == before and not link.is_symlink()
+    assert stat.S_IMODE(link.stat().st_mode) == 0o600 and link.read_text().startswith("# hostpin")
+    old = tmp_path / "old.md"
+    old.write_text("x")
+    old.chmod(0o644)
+    assert hp("report", str(run), "-o", str(old)).code == 0
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600
+    fifo = tmp_path / "f.md"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "repro.cli", "report", str(run), "-o", str(fifo)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 3 and "named pipe" in proc.stderr, proc.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_audit_6_a_hard_link_in_a_run_is_neither_read_nor_appended_to(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    victim = secret_file(tmp_path, "victim")
+    (run / "root/proc/meminfo").unlink()
+    os.link(victim, run / "root/proc/meminfo")
+    r = hp("report", str(run), "--format", "text")
+    assert SECRET not in r.out + r.err
+    assert "hard links" in r.out + r.err, (r.code, r.out[-2000:], r.err)
+    # writing: the run's added-files journal hard-linked to a victim gets nothing appended
+    run2 = copy_run(tmp_path, "ci-preflight", "run2")
+    os.link(victim, run2 / "manifest.added.jsonl")
+    before = victim.read_bytes()
+    r = hp("report", str(run2), "--format", "text")
+    assert victim.read_bytes() == before
+    one_line_error(r, 3)
+    from diag.confined import PathRefused, open_dir
+    with open_dir(run2) as d, pytest.raises(PathRefused, match="hard links"):
+        d.open_new("manifest.added.jsonl", append=True)
+    assert victim.read_bytes() == before
+
+
+def test_audit_6_a_first_line_that_is_not_json_is_damage_not_a_cut(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    (run / "manifest.added.jsonl").write_text("garbage\n")
+    r = hp("report", str(run))
+    one_line_error(r, 3)
+    assert "manifest.added.jsonl line 1 is damaged" in r.err
+
+
+def test_audit_11_a_special_file_in_a_tree_is_never_opened(tmp_path):
+    """A named pipe stands in for a device node (mknod needs root): opening it for reading would
+    release the writer blocked on its other end, as opening a device runs its driver."""
+    run = copy_run(tmp_path, "ci-preflight", "R")
+    (run / "root/proc/meminfo").unlink()
+    os.mkfifo(run / "root/proc/meminfo")
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(run / 'root/proc/meminfo')!r}, 'wb')"])
+    try:
+        r = hp("preflight", "--no-cuda", "--root", str(run), "--out", str(tmp_path / "runs"), "--json")
+        assert r.code in (0, 1, 3) and "Traceback" not in r.err
+        r = hp("report", str(run), "--format", "text")
+        time.sleep(0.3)
+        assert writer.poll() is None, "the named pipe was opened"
+        if os.geteuid() == 0:
+            dev = tmp_path / "R2"
+            shutil.copytree(run, dev, symlinks=True, ignore=shutil.ignore_patterns("meminfo"))
+            os.mknod(dev / "root/proc/meminfo", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+            from diag.confined import PathRefused, open_dir
+            with open_dir(dev) as d, pytest.raises(PathRefused, match="character device"):
+                d.open_file("root/proc/meminfo")
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def _interrupt_unpacking(tmp_path: Path, bomb: Path, signals: list[tuple[int, float]]) -> tuple[int, str, Path]:
+    tmp = tmp_path / f"tmp{len(list(tmp_path.glob('tmp*')))}"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "repro.cli", "report", str(bomb), "--max-size", "2GiB"], cwd=REPO,
+                            env=dict(os.environ, TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.stat().st_size > 0 for p in list(tmp.rglob("big.bin"))):
+            break
+        time.sleep(0.005)
+    for sig, pause in signals:
+        proc.send_signal(sig)
+        time.sleep(pause)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, err, tmp
+
+
+def test_audit_8_sighup_and_a_second_ctrl_c_leave_no_unpacked_bundle(tmp_path):
+    bomb = _zeros_member(tmp_path / "bomb.tar.gz", 300 << 20)
+    code, err, tmp = _interrupt_unpacking(tmp_path, bomb, [(signal.SIGHUP, 0)])
+    assert code == 130 and "Traceback" not in err, err
+    assert list(tmp.iterdir()) == []
+    for gap in (0.001, 0.003, 0.006, 0.01):
+        code, err, tmp = _interrupt_unpacking(tmp_path, bomb, [(signal.SIGINT, gap), (signal.SIGINT, 0)])
+        assert code == 130 and "Traceback" not in err, (gap, err)
+        assert list(tmp.iterdir()) == [], gap
+
+
+def test_audit_10_prometheus_never_creates_a_directory(tmp_path):
+    missing = tmp_path / "nonexist" / "x.prom"
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", str(tmp_path / "runs"),
+           "--prometheus", str(missing))
+    one_line_error(r, 3)
+    assert "does not exist" in r.err and not missing.parent.exists()
+    from diag.prometheus import write_textfile
+    with pytest.raises(FileNotFoundError):
+        write_textfile({"checks": []}, missing, 0.0)
+    assert not missing.parent.exists()
+    ok = tmp_path / "x.prom"
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", str(tmp_path / "runs"), "--prometheus", str(ok))
+    assert "Traceback" not in r.err and stat.S_IMODE(ok.stat().st_mode) == 0o644
+
+
+def test_audit_13_an_empty_run_name_is_a_bad_command_line(tmp_path):
+    for args in (["report", ""], ["bundle", ""], ["compare", "", ""]):
+        one_line_error(hp(*args, cwd=tmp_path), 2)
+    r = hp("preflight", "--no-cuda", "--root", str(REFERENCE), "--out", "/dev/null")
+    one_line_error(r, 3)
+    assert "not a directory" in r.err and "every name is taken" not in r.err
+
+
+def test_audit_12_a_chain_of_tar_headers_is_damage_not_an_internal_error(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    data = bytearray()
+    for _ in range(5000):  # each an extended header for the next one
+        data += tarfile.TarInfo._create_pax_generic_header({"comment": "x"}, tarfile.XHDTYPE, "utf-8")
+    data += _plain_tar(run)
+    target = tmp_path / "pax.tar.gz"
+    target.write_bytes(gzip.compress(bytes(data)))
+    r = hp("report", str(target))
+    one_line_error(r, 3)
+    assert "too many extended" in r.err and "internal error" not in r.err
+
+
+def test_audit_12_a_run_nested_too_deep_is_damage_not_an_internal_error(tmp_path):
+    run = copy_run(tmp_path, "ci-preflight", "run")
+    fd = os.open(run / "root", os.O_RDONLY)
+    try:
+        for _ in range(1500):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+    r = hp("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
+    one_line_error(r, 3)
+    assert "nested more than" in r.err and "RecursionError" not in r.err
+    from diag.confined import TooLarge, open_dir
+    with open_dir(run) as d, pytest.raises(TooLarge, match="nested more than"):
+        d.walk()
