@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from contextlib import contextmanager
@@ -581,22 +582,41 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     and groups of nodes sharing kernel, driver and THP settings. A directory that holds run
     directories (hostpin-runs/, or one per node as srun --out gives) stands for all of them.
 
-    Exit code 0: compared; 2: fewer than two runs, or one does not exist; 3: one could not be read.
+    A run that cannot be read (a damaged manifest or result, a directory with no manifest, a node's
+    directory with no run in it) does not stop a fleet summary: it is counted in the first line and
+    listed, with why, under "could not be read" (--json: `unreadable`).
+
+    Exit code 0: compared (a fleet summary also when some runs could not be read: they are named);
+    2: fewer than two runs, or one does not exist; 3: a run could not be read (columns), or fewer
+    than two could (fleet).
     """
     from .compare import comparison_rows, render_compare
     from .fleet import fleet_summary, render_fleet
-    paths = _expand_runs(runs)
-    if len(paths) < 2:
+    paths, unreadable = _expand_runs(runs)
+    if len(paths) + len(unreadable) < 2:
         raise click.BadParameter("give at least two runs, e.g. hostpin compare hostpin-runs/A hostpin-runs/B",
                                  param_hint="RUN")
+    fleet = len(paths) + len(unreadable) > FLEET_AFTER and not columns
+    if unreadable and not fleet:
+        raise InputError(f"{unreadable[0]['path']}: {unreadable[0]['problem']}")
     limits = _limits(max_size, max_files)
     opened = []
     try:
         for path in paths:
-            opened.append(_open(path, limits))
+            try:
+                opened.append(_open(path, limits))
+            except InputError as exc:
+                if not fleet:
+                    raise
+                why = exc.message[len(path):].lstrip(": ") if exc.message.startswith(path) else exc.message
+                unreadable.append({"path": path, "problem": why})
+        if fleet and len(opened) < 2:
+            why = "; ".join(f"{u['path']}: {u['problem']}" for u in unreadable[:3])
+            raise InputError(f"{len(unreadable)} runs could not be read, {len(opened)} left: fewer than two to "
+                             f"compare: {why}")
         with evaluating(", ".join(runs)):
-            if len(opened) > FLEET_AFTER and not columns:
-                summary = fleet_summary(opened)
+            if fleet:
+                summary = fleet_summary(opened, unreadable)
                 text = json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt)
             elif as_json:
                 differ, equal = comparison_rows(opened)
@@ -611,30 +631,63 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     return EXIT_OK
 
 
-def _expand_runs(args) -> list[str]:
+_MANIFESTS = ("manifest.json", "manifest.jsonl")
+
+
+def _is_run(p: Path) -> bool:
+    return any(os.path.lexists(p / m) for m in _MANIFESTS)
+
+
+def _dirs(p: Path) -> list[Path]:
+    try:
+        return [c for c in sorted(p.iterdir()) if not c.is_symlink() and c.is_dir()]
+    except OSError:
+        return []
+
+
+_NO_MANIFEST = "no manifest.json (nor manifest.jsonl): not a readable hostpin run"
+_RUN_NAME = re.compile(r"^\d{8}-\d{6}-")
+
+
+def _looks_like_run(p: Path) -> bool:
+    """A run directory whose manifest is gone: a run's other files, or a run's name (time-command-host)."""
+    return bool(_RUN_NAME.match(p.name)) or any(os.path.lexists(p / f) for f in
+                                                  ("result.json", "manifest.added.jsonl", "root", "probes"))
+
+
+def _expand_runs(args) -> tuple[list[str], list[dict[str, str]]]:
     """Each argument as given, except a directory without a manifest: the run directories inside it
-    (and one level below, for one directory per node), in name order; links are not followed."""
+    (and one level below, for one directory per node), in name order; links are not followed.
+    Also what looks like a run there but cannot be one: a directory with no manifest, a node's
+    directory with no run in it ([{path, problem}])."""
     out: list[str] = []
+    bad: list[dict[str, str]] = []
     for arg in args:
         p = Path(arg)
-        if p.is_dir() and not p.is_symlink() and not (p / "manifest.json").exists() \
-                and not (p / "manifest.jsonl").exists():
-            found = []
-            for child in sorted(p.iterdir()):
-                if child.is_symlink() or not child.is_dir():
-                    continue
-                if (child / "manifest.json").exists() or (child / "manifest.jsonl").exists():
+        if p.is_dir() and not p.is_symlink() and not _is_run(p) and not _looks_like_run(p):
+            found, lost = [], []
+            for child in _dirs(p):
+                if _is_run(child):
                     found.append(str(child))
-                else:
-                    found += [str(g) for g in sorted(child.iterdir()) if not g.is_symlink() and g.is_dir()
-                              and ((g / "manifest.json").exists() or (g / "manifest.jsonl").exists())]
-            if not found:
+                elif _looks_like_run(child):
+                    lost.append({"path": str(child), "problem": _NO_MANIFEST})
+                else:  # a node's directory: its runs
+                    mine = len(found) + len(lost)
+                    for g in _dirs(child):
+                        if _is_run(g):
+                            found.append(str(g))
+                        elif _looks_like_run(g):
+                            lost.append({"path": str(g), "problem": _NO_MANIFEST})
+                    if len(found) + len(lost) == mine:
+                        lost.append({"path": str(child), "problem": "holds no run directory"})
+            if not found and not lost:
                 raise click.BadParameter(f"{arg} holds no run directories (none with a manifest.json)",
                                          param_hint="RUN")
             out += found
+            bad += lost
         else:
             out.append(arg)
-    return out
+    return out, bad
 
 
 from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)

@@ -227,3 +227,72 @@ def test_fleet_summary_on_the_captured_runs(tmp_path):
     assert "vm:h200-repro-swap32 108,323" in r.stdout  # the swap-bound pin's swap-in rate stands out
     summary = json.loads(hostpin("compare", *[str(FIXTURES / n) for n in names], "--json").stdout)
     assert len(summary["sources"]) == 7 and summary["nodes"] == 1
+
+
+@pytest.fixture
+def damaged_fleet(fleet, tmp_path):
+    """A copy of the fleet with one node's run damaged each way a disk or a copy damages it."""
+    import shutil
+    bench, out, runs = fleet
+    copy = tmp_path / "fleet"
+    shutil.copytree(out, copy, symlinks=True)
+    run = {p.name: next(p.iterdir()) for p in copy.iterdir()}
+    (run["gpu-n0010"] / "manifest.json").write_text("{not json")
+    (run["gpu-n0011"] / "manifest.json").unlink()          # its journal is still there: read, not vouched for
+    (run["gpu-n0012"] / "manifest.json").unlink()
+    (run["gpu-n0012"] / "manifest.jsonl").unlink()           # nothing left to read it by
+    shutil.rmtree(run["gpu-n0014"])                          # a node's directory emptied
+    (run["gpu-n0015"] / "result.json").write_bytes((run["gpu-n0015"] / "result.json").read_bytes()[:100])
+    (run["gpu-n0016"] / "result.json").write_text("[]")
+    (run["gpu-n0017"] / "manifest.json").write_text("null")
+    (run["gpu-n0018"] / "manifest.json").unlink()
+    (run["gpu-n0018"] / "manifest.jsonl").write_text("{garbage\n")
+    return copy
+
+
+def test_a_damaged_run_does_not_hide_the_rest_of_the_fleet(damaged_fleet):
+    r = hostpin("compare", str(damaged_fleet))
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.splitlines()[0]
+    assert head.startswith("hostpin compare: 33 runs from 33 nodes: 3 FAIL") and "7 more could not be read" in head
+    unread = r.stdout[r.stdout.index("could not be read (7)"):r.stdout.index("figures that differ")]
+    for node, why in [("gpu-n0010", "manifest.json is not valid JSON"), ("gpu-n0012", "no manifest.json"),
+                      ("gpu-n0014", "holds no run directory"), ("gpu-n0015", "result.json could not be read"),
+                      ("gpu-n0016", "result.json could not be read: not a JSON object"),
+                      ("gpu-n0017", "manifest.json is not a JSON object"),
+                      ("gpu-n0018", "manifest.jsonl has no run header line")]:
+        line = next(l for l in unread.splitlines() if node in l)
+        assert why in line, line
+    assert "cannot be vouched for" in r.stdout and "gpu-n0011" in r.stdout
+    summary = json.loads(hostpin("compare", str(damaged_fleet), "--json").stdout)
+    assert summary["unreadable"] == 7 and summary["runs"] == 33
+    unread = {part for u in summary["unverified"] if not u["read"] for part in u["path"].split("/")}
+    assert {f"gpu-n00{n}" for n in (10, 12, 14, 15, 16, 17, 18)} <= unread
+    assert next(u for u in summary["unverified"] if u["read"])["node"] == "gpu-n0011"
+
+
+def test_a_damaged_run_among_a_few_is_still_exit_3(fleet, tmp_path):
+    import shutil
+    bench, out, runs = fleet
+    a, b = shutil.copytree(runs[0], tmp_path / "a"), runs[1]
+    (a / "manifest.json").write_text("{not json")
+    r = hostpin("compare", str(a), str(b))
+    assert r.returncode == 3 and "manifest.json is not valid JSON" in r.stderr
+
+
+def test_a_figure_missing_on_some_nodes_differs(fleet):
+    """The node made from the CI machine's snapshot has no GPU: GPUs is not equal on every node."""
+    bench, out, runs = fleet
+    nogpu = list(bench.planted(40))[5]
+    r = hostpin("compare", str(out))
+    equal = r.stdout[r.stdout.index("equal on every node"):].split("\n\n")[0]
+    assert "GPUs" not in equal
+    gpus = next(l for l in r.stdout.splitlines() if l.strip().startswith("GPUs"))
+    assert "(none) on 1" in gpus
+    summary = json.loads(hostpin("compare", str(out), "--json").stdout)
+    d = next(d for d in summary["differ"] if d["key"] == "gpus")
+    assert d["absent"] == [nogpu] and {"node": nogpu, "value": "(none)"} in d["outliers"]
+    # two runs: the same
+    r = hostpin("compare", str(FIXTURES / "h200-preflight"), str(FIXTURES / "ci-preflight"))
+    differs = r.stdout[:r.stdout.index("equal:")]
+    assert "GPUs" in differs and "memhp_default_state" in differs
