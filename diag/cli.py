@@ -180,9 +180,39 @@ def open_run(out: Path | None, command: str, durable: bool = False):
                      "choose another with --out")
 
 
+def _gate_format(argv: list[str]) -> str | None:
+    """'line' or 'npd' when argv is `preflight ... --format line|npd`, read before click parses it: a
+    command line that fails to parse later (or a bad site file) must still answer in one line."""
+    if not argv or argv[0] != "preflight":
+        return None
+    fmt = None
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        if a == "--format" and i + 1 < len(argv):
+            fmt = argv[i + 1]
+        elif a.startswith("--format="):
+            fmt = a.split("=", 1)[1]
+    return fmt if fmt in ("line", "npd") else None
+
+
 class HostpinGroup(click.Group):
     """Every command that writes a run takes --config: the site file fills its options' defaults."""
     group_class = type  # `hostpin repro` is one too
+
+    def main(self, args=None, *rest, **kwargs):
+        argv = list(sys.argv[1:] if args is None else args)
+        if _gate_format(argv) is None:
+            return super().main(args, *rest, **kwargs)
+        from .gate import unevaluated_line
+        try:
+            return super().main(args, *rest, **kwargs)
+        except click.UsageError as exc:  # exit 2 (npd: unknown); the full message goes to stderr
+            click.echo(unevaluated_line(exc.format_message()))
+            raise
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo(unevaluated_line("interrupted"))
+            raise
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         from .config import config_option
@@ -241,7 +271,9 @@ def cli():
               help="What backs the region: anonymous memory, a /dev/shm file, or a file on disk.")
 @click.option("--map", "map_", type=click.Choice(["private", "shared"]), default="private", show_default=True,
               help="How the region is mapped.")
-@click.option("--readonly", is_flag=True, help="The launcher registers with cudaHostRegisterReadOnly.")
+@click.option("--readonly/--no-readonly", default=False,
+              help="The launcher registers with cudaHostRegisterReadOnly (--no-readonly: it does not, "
+                   "whatever the site file says).")
 @click.option("--chunk", type=SIZE, default=None, help="The launcher pins in calls of this size.")
 @click.option("--margin", default="5%", show_default=True, callback=_margin,
               help="Memory to keep free beyond the plan: a percentage of MemTotal or a size.")
@@ -251,7 +283,9 @@ def cli():
 @click.option("--root", "root", type=click.Path(path_type=Path), default=None,
               help="Evaluate a captured tree offline: a snapshot run directory, its bundle (.tar.gz), "
                    "or a directory with proc/ and sys/.")
-@click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
+@click.option("--no-cuda/--cuda", "no_cuda", default=False,
+              help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
+                   "site file says.")
 @click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
               help="Seconds before a hung CUDA probe is killed.")
 @click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
@@ -268,9 +302,11 @@ def cli():
 @click.option("--file", "table_file", type=click.Path(dir_okay=False), default=None,
               help="The table's file, with --source file: its file system decides catalog 9 (tmpfs, "
                    "hugetlbfs and ramfs allow writable shared pins; fsdax refuses every pin).")
-@click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Skip a check by id (repeatable).")
-@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1), and a check that could warn but lacks "
-                                             "its readings makes the run unevaluated (exit 3).")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK",
+              help="Skip a check by id (repeatable); --skip none: skip nothing the site file named.")
+@click.option("--strict/--no-strict", default=False,
+              help="Warnings fail too (exit 1), and a check that could warn but lacks its readings makes the "
+                   "run unevaluated (exit 3); --no-strict: not, whatever the site file says.")
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
@@ -302,6 +338,9 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     from .results import write_result
 
     known = {c.id for c in all_checks()}
+    if "none" in skip:  # clears what came before it (the site file's list, or earlier --skip)
+        skip = tuple(skip[len(skip) - list(reversed(skip)).index("none"):])
+        click.get_current_context().params["skip"] = skip  # the run records what was in effect
     for name in skip:
         if name not in known:
             raise click.BadParameter(f"{name!r} is not a check; use one of {', '.join(sorted(known))}",
@@ -371,8 +410,11 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
-        from .gate import npd_exit_code, short_line
-        click.echo(short_line(data))
+        from .gate import npd_exit_code, short_line, unevaluated_line
+        # the cause first: what could not be written, not the verdict it was appended to
+        click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        if data.get("status") not in ("pass", "warn", "fail") or prom_error:
+            click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
         click.echo(render_preflight(data))
