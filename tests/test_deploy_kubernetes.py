@@ -222,3 +222,16 @@ def test_preflight_format_npd_obeys_the_plugin_contract(tmp_path, args, code, sa
     r = hostpin("preflight", "--format", "npd", *args)
     assert r.returncode == code, r.stderr
     assert _one_line(r.stdout).startswith(says)
+
+
+def test_the_sdist_ships_the_deploy_files_and_the_license(tmp_path):
+    """pipx and uv install the command only; the deploy/ files come with the sdist (MANIFEST.in)."""
+    import tarfile
+    r = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                        "print(b.build_sdist(sys.argv[1]))", str(tmp_path)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    with tarfile.open(tmp_path / r.stdout.split()[-1]) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"LICENSE", "deploy/hostpin.toml", "deploy/slurm/hostpin-gate", "deploy/kubernetes/hostpin-npd-status",
+            "deploy/kubernetes/hostpin-daemonset.yaml", "deploy/kubernetes/hostpin-monitor.json"} <= names
