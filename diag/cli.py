@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import traceback
 from contextlib import contextmanager
@@ -182,9 +183,39 @@ def open_run(out: Path | None, command: str, durable: bool = False):
                      "choose another with --out")
 
 
+def _gate_format(argv: list[str]) -> str | None:
+    """'line' or 'npd' when argv is `preflight ... --format line|npd`, read before click parses it: a
+    command line that fails to parse later (or a bad site file) must still answer in one line."""
+    if not argv or argv[0] != "preflight":
+        return None
+    fmt = None
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        if a == "--format" and i + 1 < len(argv):
+            fmt = argv[i + 1]
+        elif a.startswith("--format="):
+            fmt = a.split("=", 1)[1]
+    return fmt if fmt in ("line", "npd") else None
+
+
 class HostpinGroup(click.Group):
     """Every command that writes a run takes --config: the site file fills its options' defaults."""
     group_class = type  # `hostpin repro` is one too
+
+    def main(self, args=None, *rest, **kwargs):
+        argv = list(sys.argv[1:] if args is None else args)
+        if _gate_format(argv) is None:
+            return super().main(args, *rest, **kwargs)
+        from .gate import unevaluated_line
+        try:
+            return super().main(args, *rest, **kwargs)
+        except click.UsageError as exc:  # exit 2 (npd: unknown); the full message goes to stderr
+            click.echo(unevaluated_line(exc.format_message()))
+            raise
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo(unevaluated_line("interrupted"))
+            raise
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         from .config import config_option
@@ -243,7 +274,9 @@ def cli():
               help="What backs the region: anonymous memory, a /dev/shm file, or a file on disk.")
 @click.option("--map", "map_", type=click.Choice(["private", "shared"]), default="private", show_default=True,
               help="How the region is mapped.")
-@click.option("--readonly", is_flag=True, help="The launcher registers with cudaHostRegisterReadOnly.")
+@click.option("--readonly/--no-readonly", default=False,
+              help="The launcher registers with cudaHostRegisterReadOnly (--no-readonly: it does not, "
+                   "whatever the site file says).")
 @click.option("--chunk", type=SIZE, default=None, help="The launcher pins in calls of this size.")
 @click.option("--margin", default="5%", show_default=True, callback=_margin,
               help="Memory to keep free beyond the plan: a percentage of MemTotal or a size.")
@@ -253,7 +286,9 @@ def cli():
 @click.option("--root", "root", type=click.Path(path_type=Path), default=None,
               help="Evaluate a captured tree offline: a snapshot run directory, its bundle (.tar.gz), "
                    "or a directory with proc/ and sys/.")
-@click.option("--no-cuda", is_flag=True, help="Do not start the CUDA probe (device checks are skipped).")
+@click.option("--no-cuda/--cuda", "no_cuda", default=False,
+              help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
+                   "site file says.")
 @click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
               help="Seconds before a hung CUDA probe is killed.")
 @click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
@@ -270,9 +305,11 @@ def cli():
 @click.option("--file", "table_file", type=click.Path(dir_okay=False), default=None,
               help="The table's file, with --source file: its file system decides catalog 9 (tmpfs, "
                    "hugetlbfs and ramfs allow writable shared pins; fsdax refuses every pin).")
-@click.option("--skip", "skip", multiple=True, metavar="CHECK", help="Skip a check by id (repeatable).")
-@click.option("--strict", is_flag=True, help="Warnings fail too (exit 1), and a check that could warn but lacks "
-                                             "its readings makes the run unevaluated (exit 3).")
+@click.option("--skip", "skip", multiple=True, metavar="CHECK",
+              help="Skip a check by id (repeatable); --skip none: skip nothing the site file named.")
+@click.option("--strict/--no-strict", default=False,
+              help="Warnings fail too (exit 1), and a check that could warn but lacks its readings makes the "
+                   "run unevaluated (exit 3); --no-strict: not, whatever the site file says.")
 @click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
@@ -304,6 +341,9 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     from .results import write_result
 
     known = {c.id for c in all_checks()}
+    if "none" in skip:  # clears what came before it (the site file's list, or earlier --skip)
+        skip = tuple(skip[len(skip) - list(reversed(skip)).index("none"):])
+        click.get_current_context().params["skip"] = skip  # the run records what was in effect
     for name in skip:
         if name not in known:
             raise click.BadParameter(f"{name!r} is not a check; use one of {', '.join(sorted(known))}",
@@ -376,8 +416,11 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
-        from .gate import npd_exit_code, short_line
-        click.echo(short_line(data))
+        from .gate import npd_exit_code, short_line, unevaluated_line
+        # the cause first: what could not be written, not the verdict it was appended to
+        click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        if data.get("status") not in ("pass", "warn", "fail") or prom_error:
+            click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
         click.echo(render_preflight(data))
@@ -594,22 +637,41 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     and groups of nodes sharing kernel, driver and THP settings. A directory that holds run
     directories (hostpin-runs/, or one per node as srun --out gives) stands for all of them.
 
-    Exit code 0: compared; 2: fewer than two runs, or one does not exist; 3: one could not be read.
+    A run that cannot be read (a damaged manifest or result, a directory with no manifest, a node's
+    directory with no run in it) does not stop a fleet summary: it is counted in the first line and
+    listed, with why, under "could not be read" (--json: `unreadable`).
+
+    Exit code 0: compared (a fleet summary also when some runs could not be read: they are named);
+    2: fewer than two runs, or one does not exist; 3: a run could not be read (columns), or fewer
+    than two could (fleet).
     """
     from .compare import comparison_rows, render_compare
     from .fleet import fleet_summary, render_fleet
-    paths = _expand_runs(runs)
-    if len(paths) < 2:
+    paths, unreadable = _expand_runs(runs)
+    if len(paths) + len(unreadable) < 2:
         raise click.BadParameter("give at least two runs, e.g. hostpin compare hostpin-runs/A hostpin-runs/B",
                                  param_hint="RUN")
+    fleet = len(paths) + len(unreadable) > FLEET_AFTER and not columns
+    if unreadable and not fleet:
+        raise InputError(f"{unreadable[0]['path']}: {unreadable[0]['problem']}")
     limits = _limits(max_size, max_files)
     opened = []
     try:
         for path in paths:
-            opened.append(_open(path, limits))
+            try:
+                opened.append(_open(path, limits))
+            except InputError as exc:
+                if not fleet:
+                    raise
+                why = exc.message[len(path):].lstrip(": ") if exc.message.startswith(path) else exc.message
+                unreadable.append({"path": path, "problem": why})
+        if fleet and len(opened) < 2:
+            why = "; ".join(f"{u['path']}: {u['problem']}" for u in unreadable[:3])
+            raise InputError(f"{len(unreadable)} runs could not be read, {len(opened)} left: fewer than two to "
+                             f"compare: {why}")
         with evaluating(", ".join(runs)):
-            if len(opened) > FLEET_AFTER and not columns:
-                summary = fleet_summary(opened)
+            if fleet:
+                summary = fleet_summary(opened, unreadable)
                 text = json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt)
             elif as_json:
                 differ, equal = comparison_rows(opened)
@@ -624,30 +686,63 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     return EXIT_OK
 
 
-def _expand_runs(args) -> list[str]:
+_MANIFESTS = ("manifest.json", "manifest.jsonl")
+
+
+def _is_run(p: Path) -> bool:
+    return any(os.path.lexists(p / m) for m in _MANIFESTS)
+
+
+def _dirs(p: Path) -> list[Path]:
+    try:
+        return [c for c in sorted(p.iterdir()) if not c.is_symlink() and c.is_dir()]
+    except OSError:
+        return []
+
+
+_NO_MANIFEST = "no manifest.json (nor manifest.jsonl): not a readable hostpin run"
+_RUN_NAME = re.compile(r"^\d{8}-\d{6}-")
+
+
+def _looks_like_run(p: Path) -> bool:
+    """A run directory whose manifest is gone: a run's other files, or a run's name (time-command-host)."""
+    return bool(_RUN_NAME.match(p.name)) or any(os.path.lexists(p / f) for f in
+                                                  ("result.json", "manifest.added.jsonl", "root", "probes"))
+
+
+def _expand_runs(args) -> tuple[list[str], list[dict[str, str]]]:
     """Each argument as given, except a directory without a manifest: the run directories inside it
-    (and one level below, for one directory per node), in name order; links are not followed."""
+    (and one level below, for one directory per node), in name order; links are not followed.
+    Also what looks like a run there but cannot be one: a directory with no manifest, a node's
+    directory with no run in it ([{path, problem}])."""
     out: list[str] = []
+    bad: list[dict[str, str]] = []
     for arg in args:
         p = Path(arg)
-        if p.is_dir() and not p.is_symlink() and not (p / "manifest.json").exists() \
-                and not (p / "manifest.jsonl").exists():
-            found = []
-            for child in sorted(p.iterdir()):
-                if child.is_symlink() or not child.is_dir():
-                    continue
-                if (child / "manifest.json").exists() or (child / "manifest.jsonl").exists():
+        if p.is_dir() and not p.is_symlink() and not _is_run(p) and not _looks_like_run(p):
+            found, lost = [], []
+            for child in _dirs(p):
+                if _is_run(child):
                     found.append(str(child))
-                else:
-                    found += [str(g) for g in sorted(child.iterdir()) if not g.is_symlink() and g.is_dir()
-                              and ((g / "manifest.json").exists() or (g / "manifest.jsonl").exists())]
-            if not found:
+                elif _looks_like_run(child):
+                    lost.append({"path": str(child), "problem": _NO_MANIFEST})
+                else:  # a node's directory: its runs
+                    mine = len(found) + len(lost)
+                    for g in _dirs(child):
+                        if _is_run(g):
+                            found.append(str(g))
+                        elif _looks_like_run(g):
+                            lost.append({"path": str(g), "problem": _NO_MANIFEST})
+                    if len(found) + len(lost) == mine:
+                        lost.append({"path": str(child), "problem": "holds no run directory"})
+            if not found and not lost:
                 raise click.BadParameter(f"{arg} holds no run directories (none with a manifest.json)",
                                          param_hint="RUN")
             out += found
+            bad += lost
         else:
             out.append(arg)
-    return out
+    return out, bad
 
 
 from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)

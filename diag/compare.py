@@ -86,8 +86,8 @@ def comparison_rows(runs: list[Run]) -> tuple[list[list[str]], list[list[str]]]:
     for key in keys:
         values = [_fmt(key, f.get(key)) for f in figures]
         row = [LABELS.get(key, key)] + values
-        known = {v for v in values if v != "-"}  # a run that did not record a figure does not differ on it
-        (equal if len(known) <= 1 else differ).append(row)
+        # a figure one run recorded and another did not differs too ("-": not recorded)
+        (equal if len(set(values)) <= 1 else differ).append(row)
     return differ, equal
 
 

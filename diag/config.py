@@ -11,7 +11,7 @@ a Slurm prolog or a DaemonSet says only `hostpin preflight`.
     margin = "5%"
     skip = ["kernel"]
     [runs]
-    dir = "/var/lib/hostpin/runs"   # every command's --out
+    dir = "/var/lib/hostpin/runs"   # every command's --out (a relative one: from the file's directory)
 
 The file is found at --config PATH, else $HOSTPIN_CONFIG, else /etc/hostpin/hostpin.toml when it
 exists (`--config none` reads no file). It only fills the defaults of the options (click's
@@ -22,6 +22,8 @@ the key (exit 2), before anything runs. The run records what was in effect and w
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +94,29 @@ def _option_by_key(command: click.Command) -> dict[str, click.Option]:
     return out
 
 
+def _toml_type(param: click.Option) -> tuple[tuple[type, ...], str]:
+    """The TOML type a key must have: what the option's type takes from a command line, not whatever
+    Python would coerce (2.9 ranks, true ranks, a bare number of bytes)."""
+    t = param.type
+    if param.is_flag or isinstance(t, click.types.BoolParamType):
+        return (bool,), "true or false"
+    if isinstance(t, click.types.IntParamType) or getattr(t, "name", "") == "N":
+        return (int,), "a whole number, e.g. 2"
+    if isinstance(t, click.types.FloatParamType):
+        return (int, float), "a number, e.g. 15"
+    if getattr(t, "name", "") in ("SIZE", "RATE"):
+        return (str,), "a string with a unit, e.g. \"47GiB\"" if t.name == "SIZE" else \
+            "a string with a unit, e.g. \"40MB/s\""
+    return (str,), "a string, e.g. \"5%\"" if param.name == "margin" else "a string"
+
+
+def _check_type(where: str, param: click.Option, value: Any) -> None:
+    types, what = _toml_type(param)
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as TOML writes it
+        raise ConfigError(f"{where}: {shown} is not {what}")
+
+
 def _check_value(where: str, command: click.Command, param: click.Option, value: Any) -> Any:
     """Convert a value the way the option would, so a bad value is caught now, named by its key."""
     if isinstance(value, dict):
@@ -102,6 +127,8 @@ def _check_value(where: str, command: click.Command, param: click.Option, value:
         raise ConfigError(f"{where}: give one value, not a list")
     if param.is_flag and not isinstance(value, bool):
         raise ConfigError(f"{where}: {value!r} is not true or false")
+    for item in (value if isinstance(value, list) else [value]):
+        _check_type(where, param, item)
     ctx = click.Context(command)
     try:
         return param.process_value(ctx, value)
@@ -135,7 +162,7 @@ def _validate(path: Path, tables: dict[str, Any], root: click.Group) -> dict[str
                     raise ConfigError(f"{where}: unknown key; [runs] holds dir (where run directories go)")
                 if not isinstance(value, str) or not value.strip():
                     raise ConfigError(f"{where}: give a directory as a string, e.g. dir = \"/var/lib/hostpin/runs\"")
-                defaults.setdefault("*", {})["out"] = value
+                defaults.setdefault("*", {})["out"] = _runs_dir(where, value, path.parent)
             continue
         options = _option_by_key(preflight)
         allowed = PLAN_KEYS if section == "plan" else tuple(k for k in options if k not in PLAN_KEYS)
@@ -161,6 +188,39 @@ def _validate(path: Path, tables: dict[str, Any], root: click.Group) -> dict[str
     return defaults
 
 
+def _read_regular(path: Path) -> bytes:
+    """The file's first MAX_BYTES + 1 bytes, never blocking: a FIFO, a device or a directory is
+    refused (a named pipe would hang every command, a Slurm prolog among them)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode) \
+                else "not a regular file"
+            raise OSError(0, f"it is {kind}, not a file")
+        chunks, left = [], MAX_BYTES + 1
+        while left > 0:
+            piece = os.read(fd, left)
+            if not piece:
+                break
+            chunks.append(piece)
+            left -= len(piece)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _runs_dir(where: str, value: str, base: Path) -> str:
+    """[runs] dir, relative to the file's own directory; a file or a dangling link there is named now."""
+    p = Path(value).expanduser()
+    p = p if p.is_absolute() else base / p
+    if os.path.islink(p) and not p.exists():
+        raise ConfigError(f"{where}: {str(p)!r} is a symbolic link to {os.readlink(p)!r}, which does not exist")
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{where}: {str(p)!r} is a file, not a directory")
+    return str(p)
+
+
 def load_config(value: str | None, root: click.Group, default_path: Path | None = None) -> SiteConfig | None:
     """The site file named by --config/$HOSTPIN_CONFIG, or the default one when it exists; None for none."""
     if value is not None and value.strip().lower() == "none":
@@ -172,9 +232,9 @@ def load_config(value: str | None, root: click.Group, default_path: Path | None 
         path = default_path
     else:
         return None
+    path = Path(os.path.abspath(path))  # recorded as given, whatever the directory the run is made from
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
+        data = _read_regular(path)
     except OSError as exc:
         raise ConfigError(f"cannot read the configuration file {path}: {exc.strerror}; "
                           f"give another with --config PATH, or --config none") from None

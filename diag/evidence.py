@@ -370,6 +370,8 @@ def _load(d: Dir, name: str) -> dict[str, Any]:
                 _check_header(header, "manifest.jsonl header")
                 continue
             entries.append(_check_entry(line, f"manifest.jsonl line {i + 1}"))
+        if not header:  # a journal's first line is the header, written when the run was created
+            raise ManifestError("manifest.jsonl has no run header line: it is damaged or not a hostpin journal")
         manifest = {"tool": "hostpin", "command": header.get("command"), "argv": header.get("argv", []),
                     "host": header.get("host"), "pid": header.get("pid"), "started": header.get("started"),
                     "finished": None, "complete": False, "partial": True, "journal_cut": cut, "entries": entries}

@@ -21,6 +21,7 @@ from .runs import Run
 
 __all__ = ["fleet_summary", "render_fleet"]
 
+ABSENT = "(none)"        # the value of a figure a node did not record
 SHOW_NODES = 4           # nodes named per line in text; --json lists every one
 GROUP_LINES = 6
 LINE_WIDTH = 120
@@ -77,9 +78,34 @@ def _categorical(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return {"kind": "value", "majority": majority, "values": dict(ranked), "outliers": out}
 
 
-def fleet_summary(runs: list[Run]) -> dict[str, Any]:
-    """Verdict counts, the figures that differ with their spread and outliers, and node groups."""
-    figures = [run_figures(r) for r in runs]
+def _doubts(r: Run) -> list[str]:
+    """Why a run that was read cannot be vouched for: files that differ from its manifest, or no
+    manifest.json at all (read from its journal: killed before it finished, or the manifest removed)."""
+    out = list(r.problems)
+    if r.partial and not r.is_file("manifest.json"):
+        out.insert(0, "no manifest.json: read from its journal (killed before it finished, or the manifest "
+                      "was removed)")
+    return out
+
+
+def _figures(runs: list[Run], unreadable: list[dict[str, Any]]) -> tuple[list[Run], list[dict[str, Any]]]:
+    """Each run's figures; a run whose records hold what compare cannot read joins `unreadable`."""
+    kept, figures = [], []
+    for r in runs:
+        try:
+            figures.append(run_figures(r))
+            kept.append(r)
+        except Exception as exc:  # a damaged value in one run must not hide the other 999
+            unreadable.append({"path": r.source, "problem": f"its records could not be read "
+                                                            f"({type(exc).__name__}: {exc})"})
+    return kept, figures
+
+
+def fleet_summary(runs: list[Run], unreadable: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Verdict counts, the figures that differ with their spread and outliers, and node groups.
+    `unreadable` ([{path, problem}]): the runs that could not be read, listed with why."""
+    unreadable = list(unreadable or [])
+    runs, figures = _figures(runs, unreadable)
     hosts = _hosts(runs, figures)
     names = _node_names(runs, hosts)
     verdicts: dict[str, dict[str, Any]] = {}
@@ -103,14 +129,21 @@ def fleet_summary(runs: list[Run]) -> dict[str, Any]:
         pairs = [(n, f[key]) for n, f in zip(names, figures) if f.get(key) is not None]
         if not pairs:
             continue
-        missing = len(names) - len(pairs)
-        if len({str(v) for _, v in pairs}) <= 1:
+        absent = [n for n, f in zip(names, figures) if f.get(key) is None]
+        same = len({str(v) for _, v in pairs}) <= 1
+        if same and not absent:
             if not key.startswith("check "):
                 equal.append(LABELS.get(key, key))
             continue
-        numeric = all(_is_number(v) for _, v in pairs)
-        entry = {"key": key, "label": LABELS.get(key, key), "nodes": len(pairs), "missing": missing,
-                 **(_numeric(key, pairs) if numeric else _categorical(pairs))}
+        entry = {"key": key, "label": LABELS.get(key, key), "nodes": len(pairs), "missing": len(absent),
+                 "absent": absent}
+        if same or not all(_is_number(v) for _, v in pairs):
+            # a figure some nodes lack differs: "none" is one more value, rare like any other
+            entry.update(_categorical(pairs + [(n, ABSENT) for n in absent]))
+        else:
+            entry.update(_numeric(key, pairs))
+            if len(absent) <= max(2, len(names) // 20):
+                entry["outliers"] += [{"node": n, "value": ABSENT} for n in absent]
         differ.append(entry)
     # per-check statuses are the verdict section's business; keep them out of the figure lines
     checks = [d for d in differ if d["key"].startswith("check ")]
@@ -129,7 +162,10 @@ def fleet_summary(runs: list[Run]) -> dict[str, Any]:
     return {"mode": "fleet", "runs": len(runs), "nodes": len(set(hosts)),
             "verdicts": verdicts, "differ": differ, "check_spread": checks, "equal": equal,
             "groups": group_list, "stand_out": dict(sorted(standout.items(), key=lambda kv: (-len(kv[1]), kv[0]))),
-            "unverified": [{"node": n, "problems": r.problems[:3]} for n, r in zip(names, runs) if r.problems],
+            "unverified": [{"node": n, "path": r.source, "read": True, "problems": _doubts(r)[:3]}
+                           for n, r in zip(names, runs) if _doubts(r)]
+            + [{"node": u["path"], "path": u["path"], "read": False, "problems": [u["problem"]]} for u in unreadable],
+            "unreadable": len(unreadable),
             "sources": {n: r.source for n, r in zip(names, runs)}}
 
 
@@ -166,7 +202,9 @@ def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
     h = "## " if md else ""
     counts = ", ".join(f"{v['count']} {k.upper()}" for k, v in summary["verdicts"].items())
     nodes = f"{summary['nodes']} node{'s' if summary['nodes'] != 1 else ''}"
-    lines = [("# " if md else "") + f"hostpin compare: {summary['runs']} runs from {nodes}: {counts}",
+    bad = summary.get("unreadable") or 0
+    lost = f"; {bad} more could not be read (listed below)" if bad else ""
+    lines = [("# " if md else "") + f"hostpin compare: {summary['runs']} runs from {nodes}: {counts}{lost}",
              f"(fleet summary; --columns shows one column per run, --json every node)", ""]
     lines.append(f"{h}verdicts")
     width = max([5] + [len(s) for s in summary["verdicts"]])
@@ -174,10 +212,19 @@ def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
         checks = ", ".join(f"{c} {len(n)}" for c, n in list(v["checks"].items())[:5])
         nodes = "" if status == "pass" else f": {_names(v['nodes'])}"
         lines.append(f"  {status.upper():<{width}} {v['count']:>5}" + (f"  {checks}" if checks else "") + nodes)
-    if summary["unverified"]:
-        bad = [u["node"] for u in summary["unverified"]]
-        lines.append(f"  {len(bad)} runs do not match their manifest (changed since written): {_names(bad)}")
+    changed = [u["node"] for u in summary["unverified"] if u.get("read", True)]
+    if changed:
+        lines.append(f"  {len(changed)} runs cannot be vouched for (changed since written, or no manifest.json; "
+                     f"--json says which): {_names(changed)}")
     lines.append("")
+    unread = [u for u in summary["unverified"] if not u.get("read", True)]
+    if unread:
+        lines.append(f"{h}could not be read ({len(unread)}): not in the counts above")
+        for u in unread[:SHOW_NODES * 2]:
+            lines.append(f"  {u['path']}: {u['problems'][0]}")
+        if len(unread) > SHOW_NODES * 2:
+            lines.append(f"  ... {len(unread) - SHOW_NODES * 2} more (--json lists them)")
+        lines.append("")
     if summary["differ"]:
         lines.append(f"{h}figures that differ: min / median / max (or values), then the nodes that stand out")
         rows = [(d["label"], *_figure_line(d)) for d in summary["differ"]]

@@ -83,8 +83,13 @@ def short_line(result: dict[str, Any], limit: int = LINE_LIMIT) -> str:
 
 
 def unevaluated_line(why: str, limit: int = LINE_LIMIT) -> str:
-    why = re.sub(r"^cannot evaluate this node: ", "", _clean(why))
+    """'hostpin: not evaluated: CAUSE', the cause first: what hostpin was evaluating (this node, a
+    tree's path) is dropped, and a file's path is cut to the file."""
+    why = re.sub(r"^(cannot evaluate this node|could not evaluate \S+|internal error): ", "", _clean(why))
     why = re.sub(r"\S*?/((?:proc|sys)/\S+)", r"\1", why)  # the file, not where the tree was
+    why = re.sub(r"(?<![\w.])/(?:[^\s/]+/)+([^\s/]+)", r"\1", why)  # any other path: its name
+    why = re.sub(r"^Invalid value for (--[\w-]+) ?: ", r"\1: ", why)  # click's words, quotes already gone
+    why = re.sub(r"^cannot read the configuration file ", "site file ", why)
     return PREFIX + _fit(f"not evaluated: {why}", limit - len(PREFIX))
 
 

@@ -88,7 +88,7 @@ class SlurmCluster:
             lines.append(f"Prolog={self.prolog}")
         if self.healthcheck and health_interval:
             lines += [f"HealthCheckProgram={self.healthcheck}", f"HealthCheckInterval={health_interval}",
-                      "HealthCheckNodeState=ANY"]
+                      "HealthCheckNodeState=IDLE"]
         self.conf.write_text("\n".join(lines) + "\n")
 
     def __enter__(self) -> "SlurmCluster":

@@ -118,6 +118,25 @@ def test_daemonset_command_with_the_shipped_plan_marks_this_node_unsafe(tmp_path
     assert line in out["log"]
 
 
+def test_daemonset_textfile_says_not_evaluated_after_a_bad_site_file(tmp_path):
+    """A verdict that fitted, then a site file that cannot be read: node_exporter must not keep
+    exporting the old verdict; and the pruning leaves what is not a hostpin run alone."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    status = lambda text: {f.name: f for f in parser.text_string_to_metric_families(text)}[  # noqa: E731
+        "hostpin_preflight_status"].samples[0].value
+    assert status(_loop_once(tmp_path, PASSING)["textfile"]) == 0
+    (tmp_path / "runs" / "lost+found").mkdir()
+    (tmp_path / "runs" / "notes.txt").write_text("mine")
+    for _ in range(3):
+        out = _loop_once(tmp_path, "[plan]\nsize = 5\n")
+    assert out["status"].startswith("2 hostpin: not evaluated") and out["relay"].returncode == 2
+    assert status(out["textfile"]) == 4
+    assert sorted(p.name for p in (tmp_path / "textfile").iterdir()) == ["hostpin.prom"]
+    out = _loop_once(tmp_path, PASSING)
+    assert status(out["textfile"]) == 0
+    assert (tmp_path / "runs" / "lost+found").is_dir() and (tmp_path / "runs" / "notes.txt").exists()
+
+
 def test_daemonset_command_on_a_plan_that_fits_says_ok_and_keeps_few_runs(tmp_path):
     for _ in range(3):
         out = _loop_once(tmp_path, PASSING)
@@ -153,6 +172,10 @@ def test_monitor_config_is_one_node_problem_detector_accepts():
     ("", 0, 2, "unreadable verdict"),
     ("1 hostpin: " + "x" * 200 + "\n", 0, 1, "hostpin: xxx"),    # cut to 80
     (None, 0, 2, "no verdict"),
+    ("0 hostpin: ok\r\n", 0, 0, "hostpin: ok"),                   # CRLF: no CR passed on
+    ("1\r\n", 0, 2, "unreadable verdict"),
+    ("1 hostpin: \x1b[31mred\x1b[0m\x07 here\n", 0, 1, "hostpin: red here"),  # no escapes, no controls
+    ("0 hostpin: ok\n", -3600, 2, "in the future"),             # a clock gone wrong is not fresh
 ])
 def test_relay_obeys_the_plugin_contract(tmp_path, content, age, code, says):
     status = tmp_path / "npd-status"
@@ -163,6 +186,14 @@ def test_relay_obeys_the_plugin_contract(tmp_path, content, age, code, says):
     r = subprocess.run([str(RELAY), str(status), "900"], capture_output=True, text=True, timeout=10)
     assert r.returncode == code
     assert says in _one_line(r.stdout)
+    assert all(32 <= ord(c) < 127 for c in r.stdout.rstrip("\n")) and r.stderr == ""
+
+
+def test_relay_with_a_max_age_that_is_not_a_number_is_unknown(tmp_path):
+    status = tmp_path / "npd-status"
+    status.write_text("0 hostpin: ok\n")
+    r = subprocess.run([str(RELAY), str(status), "15m"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and r.stderr == "" and "MAX_AGE" in _one_line(r.stdout)
 
 
 @pytest.mark.parametrize("args, code, says", [
@@ -192,3 +223,16 @@ def test_preflight_format_npd_obeys_the_plugin_contract(tmp_path, args, code, sa
     r = hostpin("preflight", "--format", "npd", *args)
     assert r.returncode == code, r.stderr
     assert _one_line(r.stdout).startswith(says)
+
+
+def test_the_sdist_ships_the_deploy_files_and_the_license(tmp_path):
+    """pipx and uv install the command only; the deploy/ files come with the sdist (MANIFEST.in)."""
+    import tarfile
+    r = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                        "print(b.build_sdist(sys.argv[1]))", str(tmp_path)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    with tarfile.open(tmp_path / r.stdout.split()[-1]) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"LICENSE", "deploy/hostpin.toml", "deploy/slurm/hostpin-gate", "deploy/kubernetes/hostpin-npd-status",
+            "deploy/kubernetes/hostpin-daemonset.yaml", "deploy/kubernetes/hostpin-monitor.json"} <= names

@@ -227,3 +227,165 @@ def test_fleet_summary_on_the_captured_runs(tmp_path):
     assert "vm:h200-repro-swap32 108,323" in r.stdout  # the swap-bound pin's swap-in rate stands out
     summary = json.loads(hostpin("compare", *[str(FIXTURES / n) for n in names], "--json").stdout)
     assert len(summary["sources"]) == 7 and summary["nodes"] == 1
+
+
+@pytest.fixture
+def damaged_fleet(fleet, tmp_path):
+    """A copy of the fleet with one node's run damaged each way a disk or a copy damages it."""
+    import shutil
+    bench, out, runs = fleet
+    copy = tmp_path / "fleet"
+    shutil.copytree(out, copy, symlinks=True)
+    run = {p.name: next(p.iterdir()) for p in copy.iterdir()}
+    (run["gpu-n0010"] / "manifest.json").write_text("{not json")
+    (run["gpu-n0011"] / "manifest.json").unlink()          # its journal is still there: read, not vouched for
+    (run["gpu-n0012"] / "manifest.json").unlink()
+    (run["gpu-n0012"] / "manifest.jsonl").unlink()           # nothing left to read it by
+    shutil.rmtree(run["gpu-n0014"])                          # a node's directory emptied
+    (run["gpu-n0015"] / "result.json").write_bytes((run["gpu-n0015"] / "result.json").read_bytes()[:100])
+    (run["gpu-n0016"] / "result.json").write_text("[]")
+    (run["gpu-n0017"] / "manifest.json").write_text("null")
+    (run["gpu-n0018"] / "manifest.json").unlink()
+    (run["gpu-n0018"] / "manifest.jsonl").write_text("{garbage\n")
+    return copy
+
+
+def test_a_damaged_run_does_not_hide_the_rest_of_the_fleet(damaged_fleet):
+    r = hostpin("compare", str(damaged_fleet))
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.splitlines()[0]
+    assert head.startswith("hostpin compare: 33 runs from 33 nodes: 3 FAIL") and "7 more could not be read" in head
+    unread = r.stdout[r.stdout.index("could not be read (7)"):r.stdout.index("figures that differ")]
+    for node, why in [("gpu-n0010", "manifest.json is not valid JSON"), ("gpu-n0012", "no manifest.json"),
+                      ("gpu-n0014", "holds no run directory"), ("gpu-n0015", "result.json could not be read"),
+                      ("gpu-n0016", "result.json could not be read: not a JSON object"),
+                      ("gpu-n0017", "manifest.json is not a JSON object"),
+                      ("gpu-n0018", "manifest.jsonl has no run header line")]:
+        line = next(l for l in unread.splitlines() if node in l)
+        assert why in line, line
+    assert "cannot be vouched for" in r.stdout and "gpu-n0011" in r.stdout
+    summary = json.loads(hostpin("compare", str(damaged_fleet), "--json").stdout)
+    assert summary["unreadable"] == 7 and summary["runs"] == 33
+    unread = {part for u in summary["unverified"] if not u["read"] for part in u["path"].split("/")}
+    assert {f"gpu-n00{n}" for n in (10, 12, 14, 15, 16, 17, 18)} <= unread
+    assert next(u for u in summary["unverified"] if u["read"])["node"] == "gpu-n0011"
+
+
+def test_a_damaged_run_among_a_few_is_still_exit_3(fleet, tmp_path):
+    import shutil
+    bench, out, runs = fleet
+    a, b = shutil.copytree(runs[0], tmp_path / "a"), runs[1]
+    (a / "manifest.json").write_text("{not json")
+    r = hostpin("compare", str(a), str(b))
+    assert r.returncode == 3 and "manifest.json is not valid JSON" in r.stderr
+
+
+def test_a_figure_missing_on_some_nodes_differs(fleet):
+    """The node made from the CI machine's snapshot has no GPU: GPUs is not equal on every node."""
+    bench, out, runs = fleet
+    nogpu = list(bench.planted(40))[5]
+    r = hostpin("compare", str(out))
+    equal = r.stdout[r.stdout.index("equal on every node"):].split("\n\n")[0]
+    assert "GPUs" not in equal
+    gpus = next(l for l in r.stdout.splitlines() if l.strip().startswith("GPUs"))
+    assert "(none) on 1" in gpus
+    summary = json.loads(hostpin("compare", str(out), "--json").stdout)
+    d = next(d for d in summary["differ"] if d["key"] == "gpus")
+    assert d["absent"] == [nogpu] and {"node": nogpu, "value": "(none)"} in d["outliers"]
+    # two runs: the same
+    r = hostpin("compare", str(FIXTURES / "h200-preflight"), str(FIXTURES / "ci-preflight"))
+    differs = r.stdout[:r.stdout.index("equal:")]
+    assert "GPUs" in differs and "memhp_default_state" in differs
+
+
+# -- the site file's types, a file that is not one, the runs directory, overriding it ------------------
+@pytest.mark.parametrize("text, says", [
+    ("[plan]\nsize = -5\n", '[plan] size: -5 is not a string with a unit, e.g. "47GiB"'),
+    ("[plan]\nsize = 5\n", '[plan] size: 5 is not a string with a unit'),
+    ('[plan]\nsize = "-5"\n', "[plan] size: '-5' is not a size"),
+    ("[plan]\nranks = 2.9\n", "[plan] ranks: 2.9 is not a whole number"),
+    ("[plan]\nranks = true\n", "[plan] ranks: true is not a whole number"),
+    ('[plan]\nranks = "2"\n', "[plan] ranks: '2' is not a whole number"),
+    ("[preflight]\nmargin = 5\n", "[preflight] margin: 5 is not a string"),
+    ('[preflight]\ncuda-timeout = "30"\n', "[preflight] cuda-timeout: '30' is not a number"),
+    ("[preflight]\nskip = [1]\n", "[preflight] skip: 1 is not a string"),
+    ("[plan]\nreserve = 1073741824\n", "[plan] reserve: 1073741824 is not a string with a unit"),
+])
+def test_the_site_file_values_have_the_types_the_options_take(tmp_path, text, says):
+    site = tmp_path / "bad.toml"
+    site.write_text(text)
+    r = hostpin("preflight", "--no-cuda", "--config", str(site), "--out", str(tmp_path / "runs"))
+    assert r.returncode == 2 and says in r.stderr and str(site) in r.stderr, r.stderr
+
+
+def test_a_site_file_that_is_a_named_pipe_is_refused_at_once(tmp_path):
+    import os
+    fifo = tmp_path / "hostpin.toml"
+    os.mkfifo(fifo)
+    r = hostpin("preflight", "--no-cuda", "--config", str(fifo), "--format", "npd", timeout=20)
+    assert r.returncode == 2 and "it is a named pipe" in r.stderr
+    assert r.stdout.startswith("hostpin: not evaluated: site file hostpin.toml: it is a named pipe")
+    r = hostpin("preflight", "--no-cuda", "--config", str(tmp_path), timeout=20)
+    assert r.returncode == 2 and "it is a directory" in r.stderr
+
+
+def test_the_runs_directory_is_checked_and_relative_to_the_file(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for value, says in [("afile", "[runs] dir: '%s' is a file, not a directory" % (tmp_path / "afile")),
+                        ("dangling", "[runs] dir: '%s' is a symbolic link to" % (tmp_path / "dangling"))]:
+        site = _site(tmp_path, f'[runs]\ndir = "{value}"\n')
+        r = hostpin("preflight", "--no-cuda", "--config", str(site))
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+    site = _site(tmp_path, SITE.format(runs="site-runs"))
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--config", "hostpin.toml", "--root",
+                        str(FIXTURES / "h200-fc-snapshot"), "--json"], cwd=tmp_path / "..", capture_output=True,
+                       text=True, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    # run from elsewhere: the file is not found there; from its directory's parent by a relative path
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--config", f"{tmp_path.name}/hostpin.toml",
+                        "--root", str(FIXTURES / "h200-fc-snapshot"), "--json"], cwd=tmp_path.parent,
+                       capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    result = json.loads(r.stdout)
+    assert Path(result["run_dir"]).parent == tmp_path / "site-runs"
+    assert result["config"]["path"] == str(site)  # absolute, whatever the directory it ran from
+
+
+def test_booleans_and_skip_from_the_file_can_be_overridden(tmp_path):
+    site = _site(tmp_path, '[plan]\nreadonly = true\n[preflight]\nstrict = true\nno-cuda = true\n'
+                           'skip = ["kernel", "thp"]\n')
+    r = hostpin("preflight", "--config", str(site), "--root", str(FIXTURES / "h200-fc-snapshot"), "--json",
+                "--no-strict", "--no-readonly", "--skip", "none", "--out", str(tmp_path / "r"))
+    result = json.loads(r.stdout)
+    s = result["config"]["settings"]
+    assert s["strict"] == {"value": False, "from": "command line"} and s["readonly"]["value"] is False
+    assert s["skip"] == {"value": [], "from": "command line"}
+    assert all(c["status"] != "skip" for c in result["checks"] if c["id"] in ("kernel", "thp"))
+    r = hostpin("preflight", "--config", str(site), "--root", str(FIXTURES / "h200-fc-snapshot"), "--json",
+                "--skip", "none", "--skip", "thp", "--cuda", "--out", str(tmp_path / "r"))
+    s = json.loads(r.stdout)["config"]["settings"]
+    assert s["skip"]["value"] == ["thp"] and s["no_cuda"] == {"value": False, "from": "command line"}
+    r = hostpin("preflight", "--no-cuda", "--strict", "--root", str(FIXTURES / "h200-fc-snapshot"),  # old spellings
+                "--readonly", "--json", "--out", str(tmp_path / "r"))
+    assert json.loads(r.stdout)["config"]["settings"]["strict"]["value"] is True
+
+
+# -- one line on every exit path ----------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["line", "npd"])
+@pytest.mark.parametrize("args, cause", [
+    (["--config", "{bad}"], "bad.toml: not valid TOML"),
+    (["--size", "abc"], "--size: abc is not a size"),
+    (["--skip", "nosuchcheck"], "--skip: nosuchcheck is not a check"),
+    (["--root", "/nonexistent"], "--root: /nonexistent does not exist"),
+    (["--bogus"], "No such option --bogus"),
+    (["--prometheus", "/proc/nope/x.prom"], "cannot write proc/nope/x.prom"),
+])
+def test_every_exit_of_the_gate_prints_one_line_cause_first(tmp_path, fmt, args, cause):
+    (tmp_path / "bad.toml").write_text("[plan\n")
+    args = [a.replace("{bad}", str(tmp_path / "bad.toml")) for a in args]
+    r = hostpin("preflight", "--no-cuda", "--config", "none", "--root", str(FIXTURES / "h200-fc-snapshot"),
+                "--out", str(tmp_path / "r"), *args, "--format", fmt)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 80, r.stdout
+    assert lines[0].startswith(f"hostpin: not evaluated: {cause}"), lines[0]
+    assert r.returncode == 2 if fmt == "npd" or "prom" not in cause else r.returncode == 3
+    assert r.stderr.strip() and "Traceback" not in r.stderr  # the whole message too

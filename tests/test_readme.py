@@ -57,3 +57,38 @@ def test_readme_example_runs_as_written(scratch, command):
     assert r.returncode in (0, 1), f"{command}: exit {r.returncode}: {r.stderr[-500:]}"
     if "--format line" in command or "--format npd" in command:
         assert r.stdout.strip() in README, f"README does not show what `{command}` printed: {r.stdout}"
+
+
+def test_readme_fleet_summary_is_what_the_commands_print(tmp_path):
+    """The fleet section's output block, line for line (`...` stands for lines left out), against a real
+    run of the commands above it: the bench's 100 nodes, then `hostpin compare fleet`."""
+    section = README[README.index("### Many runs: `hostpin compare` at fleet scale"):]
+    shown = re.search(r"```\n(hostpin compare: .*?)```", section, re.S).group(1).splitlines()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOSTPIN_CONFIG": "none"}
+    shutil.copytree(REPO / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
+    shutil.copytree(REPO / "bench", tmp_path / "bench")
+    r = subprocess.run(["bash", "-c", "python bench/compare_fleet.py --nodes 100 --keep --dir fleet --repeat 1 "
+                        ">/dev/null && hostpin compare fleet"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-500:]
+    printed = r.stdout.splitlines()
+    at = 0
+    for line in shown:
+        if line.strip() == "...":
+            continue
+        assert line in printed[at:], f"README shows {line!r}; compare printed:\n{r.stdout}"
+        at = printed.index(line, at) + 1
+    # a line left out is marked: where the README skips printed lines, it says `...`
+    assert len(shown) < len(printed) and any(l.strip() == "..." for l in shown)
+
+
+def test_readme_offline_example_works_after_a_second_snapshot(tmp_path):
+    block = README[README.index("### Offline: a customer's snapshot"):]
+    snap, pre = [re.sub(r"\s+#.*$", "", l).strip() for l in
+                 re.search(r"```sh\n(.*?)```", block, re.S).group(1).splitlines()[:2]]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOSTPIN_CONFIG": "none"}
+    for command in (snap + " --no-cuda", snap + " --no-cuda", pre + " --no-cuda"):
+        r = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode in (0, 1), f"{command}: exit {r.returncode}: {r.stderr[-300:]}"
+    assert len(list((tmp_path / "snapshots").iterdir())) == 2

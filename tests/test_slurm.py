@@ -183,3 +183,38 @@ def test_gate_without_slurm_variables_is_a_health_check_and_exits_by_the_verdict
     assert "[plan] size: 'lots' is not a size" in (tmp_path / "state" / "hostpin-gate.stderr").read_text()
     assert len(list((tmp_path / "state" / "hostpin-runs").iterdir())) == 2
     assert not os.path.exists(tmp_path / "hostpin-runs")
+
+
+def test_gate_log_is_bounded_and_scratch_mode_names_no_deleted_file(tmp_path):
+    """hostpin-gate.stderr keeps its last 256 KiB; with the state directory unwritable the run is judged
+    from a scratch directory, and the log says the cause, not a file inside the directory it removed."""
+    import subprocess
+    (tmp_path / "site.toml").write_text("[plan]\nsize = \"lots\"\n")
+    shim = tmp_path / "hostpin"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m repro.cli \"$@\"\n")
+    shim.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "hostpin-gate.stderr").write_text("old line\n" * 200_000)  # 1.8 MB
+    env = {"PATH": "/usr/bin:/bin", "HOSTPIN": str(shim), "HOSTPIN_CONFIG": str(tmp_path / "site.toml"),
+           "HOSTPIN_STATE_DIR": str(state), "SCONTROL": "/nonexistent/scontrol",
+           "SINFO": "/nonexistent/sinfo", "SLURMD_NODENAME": "n1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([str(GATE), "prolog"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "could not judge this node (exit 2)" in r.stderr
+    log = (state / "hostpin-gate.stderr").read_text()
+    assert len(log) <= 262144 and log.rstrip().endswith("is not a size; use e.g. 47GiB, 47.2GiB, 512MiB, 50GB "
+                                                        "or 1073741824")
+    (tmp_path / "afile").write_text("")
+    r = subprocess.run([str(GATE), "prolog"], env={**env, "HOSTPIN_STATE_DIR": str(tmp_path / "afile" / "x")},
+                       cwd="/", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "evidence is not kept" in r.stderr
+    assert "'lots' is not a size" in r.stderr and "was removed" in r.stderr
+    assert "/hostpin-gate.stderr" not in r.stderr.split("could not judge")[1]
+
+
+def test_the_gate_recommends_the_health_check_on_idle_nodes_only():
+    """A running job's memory lowers MemAvailable: a health check on busy nodes would drain them."""
+    head = GATE.read_text().split("set -u")[0]
+    readme = (REPO / "README.md").read_text()
+    assert "HealthCheckNodeState=IDLE" in head and "HealthCheckNodeState=ANY" not in head
+    assert "HealthCheckNodeState=IDLE" in readme and "HealthCheckNodeState=ANY" not in readme
