@@ -29,7 +29,7 @@ from typing import Any
 
 from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, TooLarge, normalize, open_dir
 from .evidence import ManifestError, command_of, load_manifest, unrecorded_files, verify_manifest
-from .facts import node_facts
+from .facts import FACT_LABELS, node_facts
 from .rootfs import Root
 
 __all__ = ["Run", "open_run_path", "RunError", "RunMissing", "BUNDLE_TMP_PREFIX"]
@@ -78,12 +78,13 @@ class Run:
         return self._tmp is not None
 
     def facts(self) -> dict[str, Any]:
-        """The facts the run recorded, completed from its root/ tree (read once)."""
+        """The facts the run recorded, completed from its root/ tree (read once) where it did not
+        record them all: they were read with the checks, from the same readings."""
         if self._facts is not None:
             return self._facts
         recorded = self.result.get("facts")
         facts = dict(recorded) if isinstance(recorded, dict) else {}
-        if self.dir is not None and self.dir.is_dir("root"):
+        if any(k not in facts for k in FACT_LABELS) and self.dir is not None and self.dir.is_dir("root"):
             fresh = node_facts(Root(self.path / "root"))
             for key, value in fresh.items():
                 if facts.get(key) is None:
