@@ -286,3 +286,52 @@ def preflight_result(data: dict[str, Any]) -> PreflightResult | None:
 def repro_result(data: dict[str, Any]) -> ReproRegisterResult | None:
     r = load_result(data)
     return r if isinstance(r, ReproRegisterResult) else None
+
+
+# the fields every reader (report, compare, the Prometheus writer) renders, and the JSON type each must have
+_STR_FIELDS = ("schema", "command", "status", "outcome", "verdict", "remedy", "mode", "bound", "binding")
+_INT_FIELDS = ("schema_version", "exit_code")
+_LIST_FIELDS = ("checks", "phases", "cases", "errors", "not_captured", "unrecorded", "catalog_predicted")
+_DICT_FIELDS = ("facts", "sides", "figures", "config", "plan")
+
+
+def result_shape_problem(data: dict[str, Any]) -> str | None:
+    """What makes a recorded result unreadable as one, naming the field; None when it reads.
+    Numbers must be finite (hostpin never writes NaN), the rendered fields must have their types."""
+    def kind(v):
+        return "null" if v is None else type(v).__name__
+    for name in _STR_FIELDS:
+        if name in data and data[name] is not None and not isinstance(data[name], str):
+            return f"{name} is a {kind(data[name])}, not a string"
+    for name in _INT_FIELDS:
+        if name in data and data[name] is not None and (not isinstance(data[name], int) or isinstance(data[name], bool)):
+            return f"{name} is a {kind(data[name])}, not a whole number"
+    for name in _LIST_FIELDS:
+        if name in data and data[name] is not None and not isinstance(data[name], list):
+            return f"{name} is a {kind(data[name])}, not a list"
+    for name in _DICT_FIELDS:
+        if name in data and data[name] is not None and not isinstance(data[name], dict):
+            return f"{name} is a {kind(data[name])}, not an object"
+    for i, c in enumerate(data.get("checks") or []):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), str) or not isinstance(c.get("status"), str):
+            return f"checks[{i}] is not a check (an object with a string id and status)"
+    for name in ("phases", "cases"):
+        for i, item in enumerate(data.get(name) or []):
+            if not isinstance(item, dict):
+                return f"{name}[{i}] is a {kind(item)}, not an object"
+    for i, item in enumerate(data.get("unrecorded") or []):
+        if not isinstance(item, str):
+            return f"unrecorded[{i}] is a {kind(item)}, not a path"
+    for side, figures in (data.get("sides") or {}).items():
+        if not isinstance(figures, dict):
+            return f"sides.{side} is a {kind(figures)}, not an object"
+    stack = [("", data)]
+    while stack:  # iterative: a crafted result may be deep
+        where, value = stack.pop()
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return f"{where or 'a value'} is {value!r}, not a number"
+        if isinstance(value, dict):
+            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    return None

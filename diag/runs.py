@@ -30,6 +30,7 @@ from typing import Any
 from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, TooLarge, normalize, open_dir
 from .evidence import ManifestError, command_of, load_manifest, unrecorded_files, verify_manifest
 from .facts import FACT_LABELS, node_facts
+from .results import result_shape_problem
 from .rootfs import Root
 
 __all__ = ["Run", "open_run_path", "RunError", "RunMissing", "BUNDLE_TMP_PREFIX"]
@@ -299,6 +300,9 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> 
         value = d.read_json("result.json")
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
+        shape = result_shape_problem(value)
+        if shape:  # every command that reads a run refuses the same result, naming the field
+            raise ValueError(f"damaged: {shape}")
         return value
     except (OSError, PathRefused, ValueError, RecursionError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)

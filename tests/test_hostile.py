@@ -1018,3 +1018,37 @@ def test_audit_12_a_run_nested_too_deep_is_damage_not_an_internal_error(tmp_path
     from diag.confined import TooLarge, open_dir
     with open_dir(run) as d, pytest.raises(TooLarge, match="nested more than"):
         d.walk()
+
+
+MISTYPED_RESULTS = {
+    "checks a string": {"checks": "pass"}, "checks of numbers": {"checks": [1, 2]},
+    "a check without an id": {"checks": [{"status": "pass"}]}, "NaN in a figure": {"need_bytes": float("nan")},
+    "unrecorded of numbers": {"unrecorded": [1, 2]}, "command a list": {"command": ["x"]},
+    "facts a list": {"facts": [1]}, "exit code a string": {"exit_code": "0"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTYPED_RESULTS))
+def test_audit_12_a_mistyped_result_is_refused_alike_by_report_and_compare(tmp_path, case):
+    """Audit, issue 11 case 12: report said 3 and compare 0 on the same mistyped result (or the
+    reverse), through a catch-all 'TypeError'. Both refuse it now, in one line naming the field."""
+    runs = []
+    for n in range(2):
+        run = tmp_path / f"run{n}"
+        shutil.copytree(FIXTURES / "h200-preflight", run)
+        runs.append(run)
+    result = json.loads((runs[0] / "result.json").read_text())
+    result.update(MISTYPED_RESULTS[case])
+    data = json.dumps(result).encode()  # json writes NaN as NaN, as a careless writer would
+    (runs[0] / "result.json").write_bytes(data)
+    manifest = json.loads((runs[0] / "manifest.json").read_text())
+    for e in manifest["entries"]:
+        if e.get("path") == "result.json":
+            e["size"], e["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (runs[0] / "manifest.json").write_text(json.dumps(manifest))
+    field = next(iter(MISTYPED_RESULTS[case]))
+    for args in (("report", str(runs[0])), ("compare", str(runs[0]), str(runs[1]))):
+        r = hostpin(*args)
+        assert r.returncode == 3, (args[0], r.stdout[-300:], r.stderr)
+        assert "Traceback" not in r.stderr and "TypeError" not in r.stderr and field in r.stderr, (args[0], r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
