@@ -257,6 +257,9 @@ def test_file_read_is_named(node, tmp_path):
         assert res["file_cache"]["cached_after"] < 0.05 and res["throttle"]["devices"] == [file_device(str(path))]
         assert res["pin_figures"]["read_bytes"] >= 200 << 20 and 10 < res["seconds"] < 40
         assert "read from" in res["verdict"] and res["first_bound_at_s"] <= 2.0
+        # the reason quotes the phase's rate, not the throttle's initial burst of the first window
+        read_rate = float(res["bound_reason"].split("it reads ", 1)[1].split(" MiB/s")[0])
+        assert 13.0 <= read_rate <= 17.5 and res["bound_reason"] == res["bound_evidence"], res["bound_reason"]
         assert all(step["ok"] for step in res["cleanup"])
         # held out
         cg, start = node
