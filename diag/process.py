@@ -19,7 +19,7 @@ from .rootfs import read_bounded
 
 __all__ = ["ProcStatus", "parse_status", "read_status", "read_task_state", "read_stack", "read_wchan", "list_tasks",
            "parse_stack", "TaskStat", "parse_task_stat", "read_task_stat", "parse_io", "read_io", "Syscall",
-           "parse_syscall", "read_syscall", "syscall_name"]
+           "parse_syscall", "read_syscall", "syscall_name", "PF_EXITING", "PF_KTHREAD"]
 
 _BYTES = {"VmRSS": "vm_rss_bytes", "VmSwap": "vm_swap_bytes", "VmLck": "vm_lck_bytes",
           "VmPin": "vm_pin_bytes", "VmSize": "vm_size_bytes", "RssAnon": "rss_anon_bytes",
@@ -140,14 +140,41 @@ class TaskStat:
     majflt: int
     utime_ticks: int
     stime_ticks: int
+    flags: int = 0        # the task's PF_* flags (PF_EXITING, PF_KTHREAD)
+    exit_code: int | None = None  # since 3.5, a dying or zombie task's wait status (0 when not permitted)
+
+    @property
+    def exiting(self) -> bool:
+        """The thread is dying (do_exit has begun: it will never return to user space), or dead."""
+        return bool(self.flags & PF_EXITING) or self.state in ("Z", "X", "x")
+
+    @property
+    def ended_by(self) -> dict | None:
+        """How a zombie ended, from its wait status: {'signal': N} or {'exit': code}; None when
+        it cannot be told (no exit code in this kernel's stat)."""
+        if self.exit_code is None:
+            return None
+        if self.exit_code & 0x7f:
+            return {"signal": self.exit_code & 0x7f}
+        return {"exit": (self.exit_code >> 8) & 0xff}
+
+    @property
+    def kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
+
+
+PF_EXITING = 0x00000004   # include/linux/sched.h: set by exit_signals() at the start of do_exit
+PF_KTHREAD = 0x00200000   # a kernel thread: no user memory of its own
 
 
 def parse_task_stat(text: str) -> TaskStat | None:
     """None for a damaged or cut line; comm may hold spaces and parentheses.
 
     >>> t = parse_task_stat("42 (a (b) c) D 1 42 42 0 -1 4194560 131072 0 3 0 10 20 0 0 20 0 1 0 5 0 0")
-    >>> t.comm, t.state, t.minflt, t.majflt, t.stime_ticks
-    ('a (b) c', 'D', 131072, 3, 20)
+    >>> t.comm, t.state, t.minflt, t.majflt, t.stime_ticks, t.exiting, t.kernel_thread
+    ('a (b) c', 'D', 131072, 3, 20, False, False)
+    >>> parse_task_stat("2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 1 0 0 20 0 1 0 5 0 0").kernel_thread
+    True
     """
     head, sep, rest = text.rpartition(")")
     fields = rest.split()
@@ -155,7 +182,8 @@ def parse_task_stat(text: str) -> TaskStat | None:
         return None
     try:
         return TaskStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), minflt=int(fields[7]),
-                        majflt=int(fields[9]), utime_ticks=int(fields[11]), stime_ticks=int(fields[12]))
+                        majflt=int(fields[9]), utime_ticks=int(fields[11]), stime_ticks=int(fields[12]),
+                        flags=int(fields[6]), exit_code=int(fields[49]) if len(fields) > 49 else None)
     except ValueError:
         return None
 

@@ -103,7 +103,7 @@ def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
     result["outcome"] = outcome
     if summary.get("bound"):
         result.update(bound=summary["bound"], bound_counts=summary["bound_counts"],
-                      bound_reason=summary["first_bound_reason"], bound_evidence=summary["bound_reason"],
+                      bound_reason=summary["bound_reason"], bound_evidence=summary["bound_reason"],
                       bound_frame=summary["bound_frame"], catalog=summary["catalog"])
     result["first_bound_at_s"] = summary.get("first_bound_at_s")
     if summary.get("shared_counters"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from diag import process
 from diag.evidence import load_manifest, verify_manifest
 from repro.cgroups import PREFIX as CG_PREFIX, CgroupError, RunCgroup, block_device_for, cgroup_layout, file_device
 from repro.filecache import evict
@@ -168,12 +169,74 @@ def test_watch_command_heartbeats_and_passes_the_exit_code(node, tmp_path):
     run = Path(err.strip().splitlines()[-1].rsplit("evidence: ", 1)[1].rstrip(")"))
     result = json.loads((run / "result.json").read_text())
     assert result["mode"] == "command" and result["command_exit"]["returncode"] == 7 and result["exit_code"] == 7
-    ph = result["phases"][0]
+    ph = next(p for p in result["phases"] if p["kind"] == "mlock")  # a sample may catch the populate before it
     assert ph["bound"] == "swap-in" and ph["seen_start"] is True and ph["outcome"] == "completed"
     # mlockall also faults in the rest of the process first, so its first seconds run slower:
     # the ETA's accuracy is the --pid test's; here it must be there, from VmSwap
     assert ph["size_bytes"] is None and "still in swap" in ph["eta_first"]["basis"], ph
     assert verify_manifest(run) == []
+
+
+def _killed_mid_pin(target: Target, after: float, reap_after: float, sig=signal.SIGTERM) -> None:
+    """Kill the target `after` seconds into its throttled mlock (192 MiB at 16 MB/s: 12 s);
+    it stays a zombie for `reap_after` s, as under a launcher that reaps it later."""
+    time.sleep(after)
+    target.proc.send_signal(sig)
+    time.sleep(reap_after)
+    assert target.proc.wait(timeout=20) == -sig
+
+
+@needs_node
+def test_watch_pid_a_target_killed_inside_the_pin_exited(node, tmp_path):
+    """Killed 3 s into the pin, reaped by its parent 3 s later: the pin did not complete; the
+    percent is the one last seen alive (a zombie's status has no VmSwap: it read as 100%)."""
+    cg, start = node
+    target = start("--size", "256MiB", "--swap-out", "192MiB", "--thp")
+    target.expect("paged")
+    _swap_out_and_throttle(cg)
+    target.say("go")
+    time.sleep(0.3)
+    w = _watch(tmp_path, "--pid", str(target.proc.pid), "--size", "256MiB", "--json")
+    _killed_mid_pin(target, 3.0, 3.0)
+    out, err = w.communicate(timeout=30)
+    assert w.returncode == 1, err
+    a = json.loads(out)
+    ph = a["phases"][0]
+    assert a["outcome"] == "exited" and ph["outcome"] == "exited", a["verdict"]
+    assert ph["pct"] is not None and 5 < ph["pct"] < 80, ph
+    assert ph.get("eta_error") is None and "exited inside the pin" in a["verdict"], a["verdict"]
+    # it ended when the process died, not when its parent reaped it
+    assert a["watched_s"] < 3.0 + 3.0 + 1.5, a["watched_s"]
+
+
+@needs_node
+def test_watch_command_a_target_killed_inside_the_pin_exited(node, tmp_path):
+    """The launcher form: SIGTERM to hostpin 3 s into CMD's pin is passed on and kills CMD (rc
+    143); SIGKILL straight to CMD: rc 137. Neither pin completed."""
+    cg, start = node
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        wrapper = (sys.executable, "-m", "repro.cli", "watch", "--heartbeat", "2", "--out", str(tmp_path / "runs"),
+                   "--")
+        target = start("--size", "256MiB", "--swap-out", "192MiB", "--thp", wrapper=wrapper)
+        target.expect("paged")
+        _swap_out_and_throttle(cg)
+        target.say("go")
+        time.sleep(3.0)
+        if sig == signal.SIGTERM:
+            target.proc.send_signal(sig)
+        else:
+            kids = subprocess.run(["pgrep", "-P", str(target.proc.pid)], capture_output=True, text=True).stdout.split()
+            assert len(kids) == 1, kids
+            os.kill(int(kids[0]), sig)
+        out, err = target.proc.communicate(timeout=30)
+        assert target.proc.returncode == 128 + sig, err
+        run = Path(err.strip().splitlines()[-1].rsplit("evidence: ", 1)[1].rstrip(")"))
+        result = json.loads((run / "result.json").read_text())
+        ph = next(p for p in result["phases"] if p["kind"] == "mlock")  # a sample may catch the populate too
+        assert ph["outcome"] == "exited", (sig, result["verdict"])
+        assert ph["pct"] is None or ph["pct"] < 80, ph  # mlock's length gives the size
+        assert ph.get("eta_error") is None and "exited inside the pin" in result["verdict"], result["verdict"]
+        assert " pinned " not in result["verdict"], result["verdict"]
 
 
 @needs_node
@@ -194,6 +257,9 @@ def test_file_read_is_named(node, tmp_path):
         assert res["file_cache"]["cached_after"] < 0.05 and res["throttle"]["devices"] == [file_device(str(path))]
         assert res["pin_figures"]["read_bytes"] >= 200 << 20 and 10 < res["seconds"] < 40
         assert "read from" in res["verdict"] and res["first_bound_at_s"] <= 2.0
+        # the reason quotes the phase's rate, not the throttle's initial burst of the first window
+        read_rate = float(res["bound_reason"].split("it reads ", 1)[1].split(" MiB/s")[0])
+        assert 13.0 <= read_rate <= 17.5 and res["bound_reason"] == res["bound_evidence"], res["bound_reason"]
         assert all(step["ok"] for step in res["cleanup"])
         # held out
         cg, start = node
@@ -242,6 +308,73 @@ def test_watch_usage_and_nothing_to_watch(tmp_path):
     assert r.returncode == 2
     r = hostpin("watch", "--pid", "4194304", "--json", "--out", str(tmp_path))  # above pid_max's ceiling
     assert r.returncode == 3 and json.loads(r.stdout)["outcome"] == "gone"
+
+
+def _zombie() -> subprocess.Popen:
+    """A child that has exited and that this test has not reaped yet."""
+    z = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while process.read_task_state(z.pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.read_task_state(z.pid) == "Z"
+    return z
+
+
+def test_watch_a_zombie_ends_at_once(tmp_path):
+    """A zombie's /proc/PID stays until its parent reaps it: nothing in it can pin."""
+    z = _zombie()
+    try:
+        t0 = time.monotonic()
+        r = hostpin("watch", "--pid", str(z.pid), "--json", "--out", str(tmp_path), timeout=15)
+        took = time.monotonic() - t0
+    finally:
+        z.wait()
+    res = json.loads(r.stdout)
+    assert r.returncode == 3 and res["outcome"] == "gone", res
+    assert "has exited" in res["verdict"] and "zombie" in res["verdict"] and took < 10
+
+
+def _kernel_thread() -> int | None:
+    for entry in sorted(os.listdir("/proc"), key=lambda e: (len(e), e)):
+        if entry.isdigit():
+            st = process.read_task_stat(int(entry))
+            if st is not None and st.kernel_thread:
+                return int(entry)
+    return None
+
+
+@pytest.mark.skipif(_kernel_thread() is None, reason="no kernel thread visible in this pid namespace")
+def test_watch_a_kernel_thread_says_it_cannot_pin(tmp_path):
+    pid = _kernel_thread()  # kthreadd, pid 2, on a host
+    r = hostpin("watch", "--pid", str(pid), "--json", "--out", str(tmp_path), timeout=15)
+    res = json.loads(r.stdout)
+    assert r.returncode == 3 and res["outcome"] == "gone", res
+    assert "kernel thread" in res["verdict"] and "cannot pin" in res["verdict"]
+    r = hostpin("watch", "--pid", str(pid), "--out", str(tmp_path), timeout=15)  # the terminal form too
+    assert r.returncode == 3 and "kernel thread" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="what root is refused")
+def test_watch_says_why_root_cannot_read(tmp_path):
+    """As root, /proc/1/io and /proc/1/stack may still be refused (ptrace access checks, kernel
+    lockdown, a container's pid 1): the note must not say root is missing."""
+    r = hostpin("watch", "--pid", "1", "--deadline", "1", "--json", "--out", str(tmp_path), timeout=30)
+    res = json.loads(r.stdout)
+    assert r.returncode == 1 and res["outcome"] == "no-pin"
+    refused = [p for p in ("io", "stack") if not os.access(f"/proc/1/{p}", os.R_OK) or not _readable(f"/proc/1/{p}")]
+    for what in refused:
+        assert what in res["unreadable"], res["unreadable"]
+    for what, why in res["unreadable"].items():
+        assert "needs root" not in why, (what, why)
+
+
+def _readable(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+        return True
+    except OSError:
+        return False
 
 
 def test_watch_a_process_that_does_not_pin(tmp_path):

@@ -68,6 +68,31 @@ GiB = 1 << 30
     (["nvGpuOpsGetExternalAllocPtesOrPhysAddrs", "nvUvmInterfaceGetExternalAllocPtes",
       "map_rm_pt_range.constprop.0", "uvm_map_external_allocation_on_gpu"], "driver"),
     (["__get_user_pages", "pin_user_pages"], "cpu"),
+    # the long-term pin's migration sampled in its copy or in the target's allocation (mm/migrate.c)
+    (["copy_page", "folio_copy", "__migrate_folio", "migrate_folio", "move_to_new_folio", "migrate_pages_batch",
+      "migrate_pages", "migrate_longterm_unpinnable_folios", "check_and_migrate_movable_pages_or_folios",
+      "__gup_longterm_locked", "pin_user_pages"], "migration"),
+    (["get_page_from_freelist", "__alloc_pages_noprof", "alloc_migration_target", "migrate_pages_batch",
+      "migrate_pages", "migrate_longterm_unpinnable_folios", "__gup_longterm_locked"], "migration"),
+    # ... and the same under compaction
+    (["copy_page", "folio_copy", "migrate_folio", "move_to_new_folio", "migrate_pages_batch", "migrate_pages",
+      "compact_zone", "try_to_compact_pages", "__alloc_pages_direct_compact"], "compaction"),
+    (["get_page_from_freelist", "__alloc_pages_noprof", "compaction_alloc", "migrate_pages", "compact_zone"],
+     "compaction"),
+    # the mmap_lock taken by the driver's pin (os_lock_user_pages: mmap_read_lock, pin_user_pages) is the
+    # mm's convoy, not the driver's lock
+    (["rwsem_down_read_slowpath", "down_read", "os_lock_user_pages [nvidia]", "RmCreateOsDescriptor [nvidia]"],
+     "lock wait"),
+    (["rwsem_down_read_slowpath", "down_read_killable", "__get_user_pages_locked", "pin_user_pages_remote",
+      "nv_foo [nvidia]"], "lock wait"),
+    # IOMMU: its page tables allocated while mapping, its own mutex
+    (["get_page_from_freelist", "__alloc_pages_noprof", "iommu_alloc_pages_node", "intel_iommu_map_pages",
+      "__iommu_map", "iommu_map_sg", "iommu_dma_map_sg", "dma_map_sg_attrs", "nv_dma_map_pages [nvidia]"],
+     "iommu"),
+    (["__mutex_lock", "mutex_lock", "iommu_dma_map_sg", "dma_map_sg_attrs", "nv_dma_map_pages [nvidia]"], "iommu"),
+    # a lock taken inside reclaim is reclaim's
+    (["rwsem_down_read_slowpath", "down_read", "shrink_folio_list", "shrink_inactive_list", "shrink_lruvec",
+      "try_to_free_pages"], "reclaim"),
 ])
 def test_stack_names_the_bound(frames, bound):
     assert stack_bound(frames)[0] == bound
@@ -333,6 +358,62 @@ def test_phase_detector_splits_prefault_then_mlock():
     det.update(_thread(0.0, "R", pre, "madvise"))
     started, ended = det.update(_thread(0.5, "D", pin, "mlock"))
     assert [p.kind for p in ended] == ["populate"] and [p.kind for p in started] == ["mlock"]
+
+
+def test_phase_book_keeps_both_phases_of_prefault_then_mlock():
+    """A thread that goes from MADV_POPULATE to mlock between two samples: the book closes the
+    first phase's tracker and opens the second's (it used to close the new one at once)."""
+    book = PhaseBook()
+    pre = ["folio_zero_user", "__get_user_pages", "faultin_page_range", "madvise_do_behavior"]
+    pin = ["do_swap_page", "__get_user_pages", "__mm_populate", "do_mlock"]
+    book.update(_thread(0.0, "S", ["anon_pipe_read"], "read"))
+    book.update(_thread(0.5, "R", pre, "madvise"))
+    book.update(_thread(1.0, "D", pin, "mlock", 64 << 20))
+    book.update(_thread(1.5, "D", pin, "mlock", 64 << 20))
+    assert [ph.kind for ph, _ in book.closed] == ["populate"] and book.closed[0][0].end_reason == "returned"
+    (ph, tr), = book.open.values()
+    assert ph.kind == "mlock" and ph.ended_t is None and tr.samples[-1]["t"] == 1.5
+
+
+def _pinning(t: float, swap: int, state: str = "D") -> dict:
+    """A 256 MiB mlock whose VmSwap drains (the swap-in bound's progress)."""
+    th = {"tid": 7, "state": state, "syscall": "mlock", "syscall_len": 256 << 20, "minflt": 0, "majflt": 0,
+          "frames": ["folio_wait_bit_common", "do_swap_page", "__get_user_pages", "__mm_populate", "do_mlock"]}
+    return {"t": t, "vm": {}, "mem": {}, "procs": {7: {"name": "python", "state": state, "vm_rss": (256 << 20) - swap,
+                                                       "vm_swap": swap, "threads": {7: th}}}}
+
+
+@pytest.mark.parametrize("how, outcome", [
+    ({"state": "zombie", "threads": 1, "signal": 15}, "exited"),   # SIGTERM inside the pin
+    ({"state": "exiting", "threads": 1, "signal": 9}, "exited"),   # SIGKILL pending, memory going
+    (None, "exited"),                                              # gone, nothing known
+    ({"state": "zombie", "threads": 1, "exit": 0}, "completed"),   # exit() from user space: it had returned
+])
+def test_a_process_that_dies_inside_the_pin_exited(how, outcome):
+    """Constructed: the pin at 50%, then the process dies. The sampler leaves a dying or zombie
+    process out of a sample (its status has no VmSwap: 'all in'); a recorded zombie (state Z,
+    VmSwap 0) is no progress either. Killed: exited at the last percent seen alive."""
+    book = PhaseBook()
+    before = _pinning(0.0, 192 << 20, state="S")
+    before["procs"][7]["threads"][7].update(frames=["anon_pipe_read"], syscall="read")
+    seq = [before]
+    seq += [_pinning(0.5 * i, (192 << 20) - i * (16 << 20)) for i in range(1, 5)]  # 128 MiB in: 50%
+    gone = {"t": 3.5, "vm": {}, "mem": {}, "procs": {}}
+    if how is not None:
+        gone["ended"] = {7: how}
+    for s in seq + [gone, dict(gone, t=4.0)]:
+        book.update(s)
+    r, = book.results()
+    assert r.outcome == outcome and r.pct == pytest.approx(50.0), (r.outcome, r.pct)
+    # a recorded timeline's zombie (before the sampler left them out): never read as 100%
+    book = PhaseBook()
+    zombie = _pinning(3.5, 0, state="Z")
+    zombie["procs"][7].update(vm_rss=None, vm_swap=None)
+    zombie["procs"][7]["threads"][7].update(state="Z", frames=[], syscall=None)
+    for s in seq + [zombie, dict(gone, t=4.0)]:
+        book.update(s)
+    r, = book.results()
+    assert r.outcome == "exited" and r.pct == pytest.approx(50.0), (r.outcome, r.pct)
 
 
 def test_phase_book_without_a_size_uses_the_mlock_length():

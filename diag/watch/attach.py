@@ -15,6 +15,7 @@ from typing import Callable
 from ..evidence import RunDir
 from ..exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED
 from ..facts import node_facts
+from ..process import read_status
 from ..rootfs import Root
 from .book import PhaseBook
 from .bounds import remedy_for
@@ -95,10 +96,21 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
                          deadline_s=opts.deadline, run_dir=str(run.path))
     sampler = Sampler(root)
     clock = Clock()
-    first = sampler.process(pid)
+    what, how = sampler.what_is(pid)
+    first = sampler.process(pid) if what == "process" else None
     if first is None:
         result.outcome, result.exit_code = "gone", EXIT_UNEVALUATED
-        result.verdict = f"no process {pid} to watch (it does not exist, or /proc/{pid} cannot be read)"
+        st = read_status(pid, proc=sampler.proc)
+        name = f"pid {pid}" + (f" ({st.name})" if st and st.name else "")
+        if what == "kernel thread":
+            result.verdict = f"{name} is a kernel thread: it has no user memory and cannot pin; nothing to watch"
+        elif what == "exited" and how == "zombie":
+            result.verdict = (f"{name} has exited (a zombie its parent has not reaped): there is nothing left to "
+                              "watch")
+        elif what == "exited":
+            result.verdict = f"{name} is exiting: there is nothing left to watch"
+        else:
+            result.verdict = f"no process {pid} to watch (it does not exist, or /proc/{pid} cannot be read)"
         return result
     result.name = first.get("name")
     result.facts = node_facts(Root(root.path, run=run))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .phases import Phase, PhaseDetector
+from .phases import Phase, PhaseDetector, alive
 from .result import PhaseResult
 from .tracker import Tracker
 
@@ -21,19 +21,24 @@ class PhaseBook:
         self.prev: dict | None = None
 
     def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
+        procs = sample.get("procs") or {}
+        if not all(alive(p) for p in procs.values()):  # a zombie's figures are no progress (VmSwap reads 0)
+            sample = dict(sample, procs={pid: p for pid, p in procs.items() if alive(p)})
         started, ended = self.detector.update(sample)
-        for ph in started:
-            size = self.size_bytes or ph.size_hint
-            tr = Tracker(size_bytes=size, page=self.page, pids={ph.pid}, tids={ph.tid}, window_s=self.window_s)
-            seen = ph.seen_start and self.prev is not None
-            tr.begin(self.prev if seen else sample, seen_start=seen)
-            self.open[(ph.pid, ph.tid)] = (ph, tr)
+        # the ended first: a thread that goes from one pin to the next (a prefault, then mlock) ends
+        # one phase and starts another in the same sample, under the same key
         for ph in ended:
             entry = self.open.pop((ph.pid, ph.tid), None)
             if entry is not None:
                 entry[1].update(sample, in_call=False)
                 entry[1].end({"t": ph.ended_t})
                 self.closed.append(entry)
+        for ph in started:
+            size = self.size_bytes or ph.size_hint
+            tr = Tracker(size_bytes=size, page=self.page, pids={ph.pid}, tids={ph.tid}, window_s=self.window_s)
+            seen = ph.seen_start and self.prev is not None
+            tr.begin(self.prev if seen else sample, seen_start=seen)
+            self.open[(ph.pid, ph.tid)] = (ph, tr)
         for ph, tr in self.open.values():
             if tr.expected is None and ph.size_hint:  # mlock's length, read after the phase was first seen
                 tr.expected = ph.size_hint // self.page

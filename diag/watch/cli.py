@@ -62,8 +62,9 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
 
     \b
     --pid exit codes: 0 the pin returned; 1 the watch ended first (deadline, the process
-    exited inside the pin, or no pin was seen); 2 bad command line; 3 nothing to watch (no
-    such process); 130 interrupted.
+    exited or was killed inside the pin, or no pin was seen); 2 bad command line; 3 nothing
+    to watch (no such process, a zombie, or a kernel thread, which has no user memory and
+    cannot pin); 130 interrupted.
     Launcher exit codes: CMD's own, 128+N when signal N ended it, 127 CMD not found, 126
     CMD cannot be run.
     """

@@ -7,15 +7,20 @@ compared after normalisation: compiler suffixes (`.isra.0`, `.constprop.0`, `.pa
 are dropped.
 
 The innermost frame that means something decides, skipping generic waits (`schedule`,
-`folio_wait_bit_common`, the block layer), with two corrections from frames further out:
-page migration inside compaction is compaction (`migrate_folio` under `compact_zone`), and a
-lock wait under the NVIDIA driver is the driver's lock (`down_write` under
-`os_acquire_rwlock_write`).
+`folio_wait_bit_common`, the block layer), with corrections from frames further out: an
+allocation or a copy under a migration is the migration (`copy_page` under
+`migrate_longterm_unpinnable_folios`), under IOMMU mapping the IOMMU's; page migration inside
+compaction is compaction (`migrate_folio` under `compact_zone`); and a lock wait is named by
+the code that took the lock: the mm's mmap_lock (`down_read` under `os_lock_user_pages` or
+get_user_pages) is a lock wait, a lock the NVIDIA driver's own code takes is the driver's lock
+(`down_write` under `os_acquire_rwlock_write`), one taken in IOMMU mapping or reclaim is that.
 
 >>> stack_bound(["folio_wait_bit_common", "filemap_fault", "__do_fault", "do_fault", "__get_user_pages"])
 ('file-read', 'filemap_fault')
 >>> stack_bound(["migrate_folio", "move_to_new_folio", "migrate_pages", "compact_zone", "try_to_compact_pages"])
 ('compaction', 'migrate_folio under compact_zone')
+>>> stack_bound(["rwsem_down_read_slowpath", "down_read", "os_lock_user_pages [nvidia]"])
+('lock wait', 'down_read under os_lock_user_pages (the mmap_lock)')
 """
 from __future__ import annotations
 
@@ -80,6 +85,28 @@ _LOCK = {
     "__mutex_lock", "mutex_lock", "mutex_lock_killable", "mutex_lock_interruptible", "__mutex_lock_slowpath",
     "__mutex_lock_killable_slowpath", "__mutex_lock_interruptible_slowpath", "lock_mm_and_find_vma",
     "mmap_read_lock_killable", "mmap_write_lock_killable", "osq_lock", "percpu_down_write", "rt_mutex_slowlock",
+}
+# frames that take the mm's mmap_lock around a pin or a fault: a lock wait under them is the
+# mmap_lock convoy, even where the caller is the driver's (os_lock_user_pages: mmap_read_lock,
+# then pin_user_pages)
+_MM_LOCK = {
+    "lock_mm_and_find_vma", "mmap_read_lock", "mmap_read_lock_killable", "mmap_write_lock",
+    "mmap_write_lock_killable", "get_mmap_lock_carefully", "mmap_read_trylock", "os_lock_user_pages",
+    "__get_user_pages", "__get_user_pages_locked", "get_user_pages_unlocked", "pin_user_pages_unlocked",
+    "__gup_longterm_locked", "get_user_pages_remote", "pin_user_pages_remote", "get_user_pages", "pin_user_pages",
+    "get_user_pages_fast", "pin_user_pages_fast", "gup_fast_fallback", "internal_get_user_pages_fast",
+    "__mm_populate", "populate_vma_page_range", "faultin_page_range", "madvise_populate", "do_madvise",
+    "do_mlock", "apply_mlockall_flags", "do_user_addr_fault",
+    "__x64_sys_mlock", "__x64_sys_mlock2", "__x64_sys_mlockall", "__arm64_sys_mlock", "__arm64_sys_mlock2",
+    "__arm64_sys_mlockall", "__do_sys_mlockall", "vm_mmap_pgoff", "__x64_sys_munmap", "__vm_munmap",
+}
+# frames of the migration an allocation or a copy serves (not compaction's: those decide alone)
+_MIGRATE_CALLERS = {
+    "migrate_pages", "migrate_pages_batch", "migrate_pages_sync", "migrate_folio", "migrate_folio_extra",
+    "__migrate_folio", "move_to_new_folio", "migrate_folio_move", "migrate_folio_unmap", "alloc_migration_target",
+    "migrate_longterm_unpinnable_folios", "migrate_longterm_unpinnable_pages", "check_and_migrate_movable_pages",
+    "check_and_migrate_movable_folios", "check_and_migrate_movable_pages_or_folios", "migrate_misplaced_folio",
+    "migrate_misplaced_page",
 }
 _FAULT = {
     "clear_page_erms", "clear_page_rep", "clear_page_orig", "clear_page", "clear_huge_page", "clear_gigantic_page",
@@ -191,16 +218,44 @@ def stack_bound(frames: list[str]) -> tuple[str | None, str | None]:
         if bound is None:
             continue
         outer = names[i + 1:]
+        if bound == "fault-in/zeroing":
+            # an allocation or a copy for a migration (the long-term pin moving pages out of
+            # movable/CMA memory, compaction) is that migration's: the fault path is not in it
+            migrate = next((f for f in outer if f in _MIGRATE_CALLERS), None)
+            iommu = next((f for f in outer if _IOMMU.match(f)), None)
+            if iommu:  # the IOMMU's page tables, allocated while it maps the pages
+                return "iommu", f"{name} under {iommu}"
+            if migrate:
+                bound, name = "migration", f"{name} under {migrate}"
         if bound == "migration":
             compact = next((f for f in outer if f in _COMPACT), None)
             if compact:
-                return "compaction", f"{name} under {compact}"
+                return "compaction", f"{name.split(' under ')[0]} under {compact}"
         if bound == "lock wait":
-            driver = next((normalize(f) for f in frames[i + 1:] if is_nvidia(f)), None)
-            if driver:
-                return "driver-lock", f"{name} under {driver}"
+            return _lock_bound(names, frames, i)
         return bound, name
     return None, (names[0] if names else None)
+
+
+def _lock_bound(names: list[str], frames: list[str], i: int) -> tuple[str, str]:
+    """A lock wait is named by the code that takes the lock: the first frame out of the lock
+    primitives. The mm's mmap_lock (taken by get_user_pages' callers, os_lock_user_pages among
+    them, mlock, the fault path) is the convoy behind a pin ('lock wait', catalog 6); a lock taken
+    by the NVIDIA driver's own code is its lock ('driver-lock'); one taken inside IOMMU mapping,
+    reclaim, compaction or migration is part of that work."""
+    for j in range(i + 1, len(names)):
+        caller, name = names[j], names[j - 1]  # the caller, and the lock call it made
+        if caller in _MM_LOCK:
+            return "lock wait", f"{name} under {caller} (the mmap_lock)"
+        if caller in _LOCK:
+            continue
+        outer = _bound_of(caller, frames[j])
+        if outer in ("iommu", "reclaim", "compaction", "migration"):
+            return outer, f"{name} under {caller}"
+        if is_nvidia(frames[j]):
+            return "driver-lock", f"{name} under {caller}"
+        return "lock wait", f"{name} under {caller}"
+    return "lock wait", names[-1]
 
 
 def in_pin_path(frames: list[str]) -> bool:

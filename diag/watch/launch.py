@@ -65,6 +65,16 @@ def _take_back(pgid: int | None) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
+def _exited(child: subprocess.Popen) -> bool:
+    """Whether CMD has ended, left unreaped (a zombie whose /proc still tells how it ended)."""
+    try:
+        return os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return child.poll() is not None
+    except InterruptedError:
+        return False
+
+
 def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Callable[[str], None],
                 root: Root | None = None) -> WatchResult:
     root = root or Root("/")
@@ -131,7 +141,7 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
                                 and r.started_s == round(ph.started_t, 3))
                     heartbeat(f"hostpin: pid {ph.pid} pin {done.outcome} after {done.seconds:.1f} s, bound "
                               f"{done.bound or 'unknown'}")
-            if child.poll() is not None:
+            if _exited(child):
                 break
             next_tick += opts.interval
             delay = next_tick - time.monotonic()
@@ -139,7 +149,8 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
                 time.sleep(delay)
             else:
                 next_tick = time.monotonic()
-        # one last look: the phases of processes that ended close as they ended
+        # one last look, CMD still a zombie: the phases of processes that ended close as they ended
+        # (killed by a signal: exited inside the pin; by an exit code: the pin had returned)
         s = sampler.sample(clock.now(), tree, book.active_tids())
         book.update(s)
         writer.write(dict(s, progress={"phase": "end"}))

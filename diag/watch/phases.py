@@ -8,7 +8,12 @@ pages into the process only at the end, the node's Shmem) grows fast: the driver
 pinned pages, whose running thread's stack cannot be read; or it runs in the kernel faulting
 tens of thousands of pages a second: get_user_pages faulting a region in. It has left the phase when it is seen outside twice in a row: asleep (S) with a
 stack outside the pin, in another system call, or gone. A thread that goes from one kind of
-pin to another without being seen outside (a prefault, then mlock) starts a new phase. A running thread's stack is often
+pin to another without being seen outside (a prefault, then mlock) starts a new phase. A
+process that exits, is dying (every thread past do_exit's start, or SIGKILL pending) or is a
+zombie ends its phases as gone: exited inside the pin, unless a sample showed the thread
+outside it first (a zombie counts as no thread at all, never as outside) or the process, one
+thread when last seen, ended by an exit code (its exit() came from user space, after the pin
+returned); one killed by a signal was interrupted. A running thread's stack is often
 cut short (the kernel does not stop it to unwind it), so a running thread with a stack that
 says nothing keeps its phase.
 """
@@ -20,9 +25,17 @@ from typing import Any
 
 from .frames import in_pin_path, pin_kind
 
-__all__ = ["Phase", "PhaseDetector", "PIN_CALLS"]
+__all__ = ["Phase", "PhaseDetector", "PIN_CALLS", "alive"]
 
 PIN_CALLS = ("mlock", "mlock2", "mlockall")
+DEAD = ("Z", "X", "x")
+
+
+def alive(p: dict) -> bool:
+    """A process of a sample that still lives: not a zombie (its status has no memory lines:
+    VmSwap reads 0, which looks like every page in) and with a thread that is not dead."""
+    threads = p.get("threads") or {}
+    return p.get("state") not in DEAD and (not threads or any(t.get("state") not in DEAD for t in threads.values()))
 
 
 @dataclass
@@ -77,8 +90,8 @@ def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bo
         return True
     if shares is not None and th.get("state") == "R" and shares[1] >= 0.5:
         return False  # running in user space: whatever it pinned has returned
-    if frames is not None and th.get("state") in ("S", "I", "T", "t", "Z", "X"):
-        return False
+    if frames is not None and th.get("state") in ("S", "I", "T", "t"):
+        return False  # (a zombie or dying thread is not "outside": it is gone, see PhaseDetector.update)
     if call not in (None, "running", "ioctl"):
         return False
     return None
@@ -92,21 +105,25 @@ class PhaseDetector:
         self.samples_seen = 0
         self.prev: dict | None = None
         self.outside: dict[tuple[int, int], bool | None] = {}  # each thread's last verdict
+        self.threads: dict[int, int] = {}  # each process's live threads when last seen alive
 
     def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
         """(phases that started, phases that ended) with this sample."""
         self.samples_seen += 1
         started, ended = [], []
-        procs = sample.get("procs") or {}
+        procs = {pid: p for pid, p in (sample.get("procs") or {}).items() if alive(p)}
         prev = self.prev or {}
         dt = sample["t"] - prev.get("t", sample["t"])
         for pid, p in procs.items():
+            self.threads[int(pid)] = sum(1 for th in (p.get("threads") or {}).values() if th.get("state") not in DEAD)
             before = (prev.get("procs") or {}).get(pid) or {}
             shmem_s = ((p.get("rss_shmem") or 0) - (before.get("rss_shmem") or 0)) / dt if before and dt > 0 else 0.0
             if shmem_s <= 0 and dt > 0:  # the driver's pages may be mapped into the process only at the end
                 shmem_s = ((sample.get("mem") or {}).get("Shmem") or 0) - ((prev.get("mem") or {}).get("Shmem") or 0)
                 shmem_s /= dt
             for tid, th in (p.get("threads") or {}).items():
+                if th.get("state") in DEAD:
+                    continue  # gone: it will not return from a pin (a thread absent from the sample)
                 key = (int(pid), int(tid))
                 th_before = (before.get("threads") or {}).get(tid)
                 shares = _shares(th, th_before, dt)
@@ -159,10 +176,17 @@ class PhaseDetector:
         for key, phase in list(self.active.items()):
             pid, tid = key
             p = procs.get(pid) or procs.get(str(pid))
-            if p is None:
-                ended.append(self._close(key, sample["t"], "process gone"))
-            elif tid not in (p.get("threads") or {}) and str(tid) not in (p.get("threads") or {}):
-                ended.append(self._close(key, sample["t"], "thread gone"))
+            if p is None:  # exited, or dying or a zombie (the sampler leaves those out)
+                how = (sample.get("ended") or {}).get(pid) or (sample.get("ended") or {}).get(str(pid)) or {}
+                if "exit" in how and self.threads.get(pid, 0) == 1:
+                    # its only thread called exit() from user space: the pin had returned
+                    ended.append(self._close(key, sample["t"], "returned"))
+                else:  # killed (the pin interrupted), or it cannot be told: exited inside the pin
+                    ended.append(self._close(key, sample["t"], "process gone"))
+            else:
+                th = (p.get("threads") or {}).get(tid) or (p.get("threads") or {}).get(str(tid))
+                if th is None or th.get("state") in DEAD:
+                    ended.append(self._close(key, sample["t"], "thread gone"))
         return started, ended
 
     def _close(self, key: tuple[int, int], t: float, reason: str) -> Phase:

@@ -11,7 +11,7 @@ __all__ = ["WatchResult", "PhaseResult", "OUTCOMES"]
 
 # completed: the pin returned while watched; deadline: still pinning at --deadline; exited: the
 # process (or the thread) ended inside the pin; no-pin: no pin phase was seen; gone: nothing to
-# watch; interrupted: Ctrl-C or SIGTERM; command: the launcher form, CMD ended (its code is kept)
+# watch (no such process, a zombie, a kernel thread); interrupted: Ctrl-C or SIGTERM; command: the launcher form, CMD ended (its code is kept)
 OUTCOMES = ("completed", "deadline", "exited", "no-pin", "gone", "interrupted", "command")
 
 

@@ -62,6 +62,29 @@ def descendants(root: Root, pid: int) -> list[int]:
     return sorted(out)
 
 
+SIGKILL_BIT = 1 << (9 - 1)
+
+
+def _killed(st: process.ProcStatus) -> bool:
+    """SIGKILL pending: the process is being killed (a fatal signal puts SIGKILL in every
+    thread's pending set: the pin is interrupted and will not return)."""
+    for key in ("SigPnd", "ShdPnd"):
+        try:
+            if int(st.raw.get(key) or "0", 16) & SIGKILL_BIT:
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+def _why(why: str | None) -> str | None:
+    """A permission error as root is no missing root: ptrace's access checks (another user
+    namespace, a dumpable flag, Yama) or kernel lockdown refuse it."""
+    if why == "needs root" and os.geteuid() == 0:
+        return "permission denied even as root (ptrace access check or kernel lockdown)"
+    return why
+
+
 class Sampler:
     def __init__(self, root: Root | None = None, stacks_per_tick: int = 4):
         self.root = root or Root("/")
@@ -71,6 +94,7 @@ class Sampler:
         self.machine = os.uname().machine
         self.vm0: dict[str, int] | None = None
         self.problems: dict[str, str] = {}  # what could not be read, once per kind
+        self.ended: dict[int, str] = {}     # processes seen dying or dead before they were reaped
         self._turn = 0
 
     def _note(self, what: str, why: str | None) -> None:
@@ -88,20 +112,51 @@ class Sampler:
         psi = self.root.read_fresh("proc/pressure/memory")
         return {"vm": vm, "mem": {k: mem.get(k) for k in MEM_KEYS}, "psi": parse_psi(psi) if psi else None}
 
+    def what_is(self, pid: int) -> tuple[str, str | None]:
+        """('process', None) for a process that can pin; else ('gone' | 'exited' | 'kernel thread',
+        the state seen: 'zombie', 'exiting')."""
+        st = process.read_status(pid, proc=self.proc)
+        lead = process.read_task_stat(pid, proc=self.proc)
+        if st is None or lead is None:
+            return "gone", None
+        if lead.kernel_thread:
+            return "kernel thread", None
+        if self.process(pid) is None:
+            return "exited", (self.ended.get(pid) or {}).get("state") or "gone"
+        return "process", None
+
     def process(self, pid: int, must: Iterable[int] = ()) -> dict[str, Any] | None:
-        """One process: None when it is gone. `must`: threads whose stack is read this time."""
+        """One process: None when it is gone, and when it is dying or dead but not yet reaped
+        (every thread exiting or a zombie: `self.ended[pid]` says which, and how it ended: a signal or
+        an exit code, when the kernel shows it). A zombie's status has no
+        memory lines (its VmSwap would read 0: a pin "done") and a dying process gives its memory
+        back: neither is progress. `must`: threads whose stack is read this time."""
         st = process.read_status(pid, proc=self.proc)
         if st is None:
             return None
+        stats = {tid: process.read_task_stat(pid, tid, proc=self.proc) for tid in process.list_tasks(pid, self.proc)}
+        stats = {tid: s for tid, s in stats.items() if s is not None}
+        live = {tid: s for tid, s in stats.items() if not s.exiting}
+        dead = st.state in ("Z", "X", "x")
+        if (not live and (stats or dead)) or _killed(st):
+            lead = stats.get(pid)
+            how = {"state": "zombie" if dead else "exiting", "threads": len(stats)}
+            if lead is not None and _killed(st):
+                how["signal"] = 9
+            elif lead is not None and (dead or lead.exit_code):  # a dying task's code is set after PF_EXITING
+                how.update(lead.ended_by or {})
+            self.ended[pid] = how
+            return None
+        if pid not in live and live:  # the main thread has exited, the others run: their mm's figures
+            st = process.read_status(pid, min(live), proc=self.proc) or st
+        stats = live  # an exiting thread is gone: it will not return from a pin
         io, why = process.read_io(pid, proc=self.proc)
-        self._note("io", why)
+        self._note("io", _why(why))
         out: dict[str, Any] = {
             "name": st.name, "state": st.state, "vm_rss": st.vm_rss_bytes, "vm_swap": st.vm_swap_bytes,
             "vm_lck": st.vm_lck_bytes, "rss_anon": st.rss_anon_bytes, "rss_file": st.rss_file_bytes,
             "rss_shmem": st.rss_shmem_bytes, "read_bytes": io.get("read_bytes") if io else None,
             "minflt": None, "majflt": None, "threads": {}}
-        stats = {tid: process.read_task_stat(pid, tid, proc=self.proc) for tid in process.list_tasks(pid, self.proc)}
-        stats = {tid: s for tid, s in stats.items() if s is not None}
         if stats:
             out["minflt"] = sum(s.minflt for s in stats.values())
             out["majflt"] = sum(s.majflt for s in stats.values())
@@ -117,7 +172,7 @@ class Sampler:
             if tid in looked:
                 th["wchan"] = process.read_wchan(pid, tid, proc=self.proc)
                 text, why = process.read_stack(pid, tid, proc=self.proc)
-                self._note("stack", why if why != "process gone" else None)
+                self._note("stack", _why(why) if why != "process gone" else None)
                 if text is not None:
                     th["frames"] = _frames(text)
                 call = process.read_syscall(pid, tid, proc=self.proc)
@@ -136,4 +191,6 @@ class Sampler:
             p = self.process(pid, (must or {}).get(pid, ()))
             if p is not None:
                 s["procs"][pid] = p
+            elif pid in self.ended:
+                s.setdefault("ended", {})[pid] = self.ended[pid]
         return s

@@ -201,6 +201,9 @@ class Tracker:
         if self.pids is not None and not any(str(pid) in self.pids for pid in (sample.get("procs") or {})):
             return self.progress  # the process is gone: its last sample stands
         self.samples.append(sample)
+        # VmSwap's highest in the phase: the sample before a phase seen to start may be older than
+        # the region's swap-out (a launcher pages out, then pins, between two samples)
+        self._bases["swap0"] = max(self._bases.get("swap0", 0), targets_sum(sample, "vm_swap", self.pids))
         if self._first_inside is None and (not self.seen_start or sample["t"] > self.t0):
             self._first_inside = sample
         if len(self.samples) > 400:  # the window is seconds long; the timeline file has everything
