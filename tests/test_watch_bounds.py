@@ -498,3 +498,53 @@ def test_the_stuck_registration_is_a_stall_for_repro_too():
     for s in pin[1:]:
         tr.update(s)
     assert result["outcome"] == "killed" and tr.stalled_for(pin[-1]["t"]) >= 120.0
+
+
+def test_a_pin_ends_where_its_undo_begins_h200_hostalloc():
+    """Recorded on the H200 (bench/gpu_issue10.sh case C, 2026-12-01): `hostpin watch -- CMD` around
+    a 47 GiB cudaHostAlloc that took 19.3 s by the target's own clock, then cudaFreeHost. The thread
+    stayed in the kernel through the free, so the watch of the day ran the phase on to 24.0 s and
+    said "pinned 47 GiB ... allocated and zeroed -1.5 GiB", done 0%. Replayed now: the free (its
+    RssShmem falling GiB a second, pins outstanding dropping) is the undo, not the pin; the phase
+    ends when the thread was first seen outside, with all 47 GiB done."""
+    result, samples = _recorded(FIXTURES / "h200-watch-hostalloc-launcher")
+    assert result["phases"][0]["seconds"] == 24.0 and result["phases"][0]["pct"] == 0.0  # what it said then
+    book = PhaseBook(size_bytes=47 * GiB)
+    for s in samples:
+        book.update(s)
+    (r,) = book.results()
+    assert r.kind == "hostalloc" and r.outcome == "completed" and r.pct == 100.0
+    assert 17.5 <= r.seconds <= 20.0, r.seconds  # the target's clock said 19.3 s
+    assert r.figures["shmem_growth_bytes"] > 40 * GiB and r.rate_pages_s > 500_000
+    assert r.eta_error is not None and abs(r.eta_error) <= 0.25
+
+
+def test_a_registration_that_unregisters_and_exits_returned_h200_file():
+    """Recorded on the H200 the same day (case B): `watch --pid` on repro's child registering a 16 GiB
+    private file read at 280 MB/s; it unregistered (pins outstanding back to below where they began)
+    and exited between two samples. The watch of the day said "exited inside the pin ... at
+    -1,821,874 pages/s". Replayed: the pin returned when the pins were let go, at ~68k pages/s."""
+    result, samples = _recorded(FIXTURES / "h200-watch-file-register")
+    assert result["phases"][0]["outcome"] == "exited"  # what it said then
+    book = PhaseBook()
+    for s in samples:
+        book.update(s)
+    (r,) = book.results()
+    assert r.outcome == "completed" and r.bound == "file-read" and 60.0 <= r.seconds <= 62.5
+    assert 60_000 <= r.rate_pages_s <= 75_000, r.rate_pages_s  # 16 GiB in ~61.8 s is 67.9k pages/s
+
+
+def test_a_neighbour_letting_go_of_fewer_pins_is_no_undo():
+    """The undo needs pins outstanding back below half of what the phase added: a neighbour's
+    unregister of a few pages while a pin runs with an unreadable stack does not end it."""
+    det = PhaseDetector()
+
+    def sample(t, pins, shmem):
+        th = {"tid": 9, "state": "R", "frames": [], "stime": int(t * 100), "utime": 0, "comm": "python"}
+        return {"t": t, "vm": {"nr_foll_pin_acquired": pins, "nr_foll_pin_released": 0}, "mem": {"Shmem": shmem},
+                "procs": {9: {"name": "python", "rss_shmem": shmem, "vm_rss": shmem, "threads": {9: th}}}}
+
+    seq = [sample(0.5 * i, 300_000 * i, i << 30) for i in range(0, 6)]          # allocating 2 GiB/s
+    seq += [sample(3.0, 1_400_000, 6 << 30), sample(3.5, 1_500_000, 7 << 30)]   # a neighbour let 100k go
+    ended = [e for s in seq for e in det.update(s)[1]]
+    assert not ended and len(det.active) == 1

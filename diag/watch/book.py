@@ -19,6 +19,9 @@ class PhaseBook:
         self.open: dict[tuple[int, int], tuple[Phase, Tracker]] = {}
         self.closed: list[tuple[Phase, Tracker]] = []
         self.prev: dict | None = None
+        # each phase's last few (t, progress): a phase ends at the first sample seen outside, and
+        # what follows may already be its undo (cudaFreeHost, unregister) taking the pages back
+        self.history: dict[tuple[int, int], list[tuple[float, dict]]] = {}
 
     def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
         procs = sample.get("procs") or {}
@@ -30,8 +33,11 @@ class PhaseBook:
         for ph in ended:
             entry = self.open.pop((ph.pid, ph.tid), None)
             if entry is not None:
-                entry[1].update(sample, in_call=False)
+                if sample["t"] <= ph.ended_t + 1e-9:
+                    entry[1].update(sample, in_call=False)
                 entry[1].end({"t": ph.ended_t})
+                hist = self.history.pop((ph.pid, ph.tid), [])
+                ph.at_return = next((p for t, p in reversed(hist) if t <= ph.ended_t + 1e-9), None)
                 self.closed.append(entry)
         for ph in started:
             size = self.size_bytes or ph.size_hint
@@ -44,6 +50,9 @@ class PhaseBook:
                 tr.expected = ph.size_hint // self.page
             if tr.samples[-1] is not sample:  # a phase first seen in this sample began on it
                 tr.update(sample, in_call=True)
+            hist = self.history.setdefault((ph.pid, ph.tid), [])
+            hist.append((sample["t"], dict(tr.progress)))
+            del hist[:-8]
         self.prev = sample
         return started, ended
 
@@ -70,6 +79,11 @@ class PhaseBook:
 def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseResult:
     s = tr.summary()
     p = tr.progress
+    at_return = ph.at_return
+    if at_return is not None and ph.end_reason == "returned" and at_return.get("pinned_pages") is not None:
+        # what the pin had done when it was first seen outside, not what an undo left after it
+        p = at_return
+        s = dict(s, pinned_pages=at_return["pinned_pages"], rate_pages_s=tr._phase_rate(at_return["pinned_pages"]))
     outcome = "open" if ph.ended_t is None else ("completed" if ph.end_reason == "returned" else "exited")
     inferred = outcome == "exited" and (p.get("pct") or 0) >= 99.5 and ph.end_reason == "process gone"
     if inferred:  # every page was in when the process went away: the pin had done its work
@@ -102,3 +116,4 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
         r.notes.append(f"the call returned at {r.pct:.0f}% of {size // (1 << 20):,} MiB: the process may pin in "
                        "chunks, or --size is larger than this call")
     return r
+

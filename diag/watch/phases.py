@@ -52,6 +52,10 @@ class Phase:
     end_reason: str | None = None      # 'returned', 'thread gone', 'process gone'
     _outside: int = field(default=0, repr=False)
     _out_since: float | None = field(default=None, repr=False)
+    _pins0: int = field(default=0, repr=False)       # pins outstanding (system-wide) when it began ...
+    _pins_peak: int = field(default=0, repr=False)   # ... and the most seen since
+    _undo_since: float | None = field(default=None, repr=False)  # first seen letting go of what it pinned
+    at_return: dict | None = field(default=None, repr=False)     # its progress when first seen outside
 
 
 # a running thread's stack is not readable, so the driver's page allocation (cudaHostAlloc: the
@@ -64,6 +68,16 @@ SHMEM_BYTES_S = 256 << 20          # while the process's RssShmem grows this fas
 # (the H200's stuck 16 GiB file registration: R, 98% in the kernel, 840k faults/s, its stack
 # and system call unreadable because it never stopped running)
 FAULTS_S = 20_000
+# the undo of a pin, in the kernel like the pin itself, while nothing in its stack says "pin": the
+# process's RssShmem falling this fast (cudaFreeHost: 47 GiB in ~1.5 s on the H200), or pins
+# outstanding back below half of what the phase added, when it added this many pages or more
+# (cudaHostUnregister): a neighbour would have to let go of as many pages at that moment
+UNDO_PAGES = SHMEM_BYTES_S // 4096
+
+
+def _pins(sample: dict) -> int:
+    vm = sample.get("vm") or {}
+    return vm.get("nr_foll_pin_acquired", 0) - vm.get("nr_foll_pin_released", 0)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -80,12 +94,15 @@ def _faults_per_s(th: dict, before: dict | None, dt: float) -> float:
     return ((th["minflt"] + (th.get("majflt") or 0)) - (before["minflt"] + (before.get("majflt") or 0))) / dt
 
 
-def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False) -> bool | None:
+def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False,
+             undoing: bool = False) -> bool | None:
     """True: in a pin; False: certainly not; None: cannot tell from this sample."""
     frames = th.get("frames")
     call = th.get("syscall")
     if frames and in_pin_path(frames):
         return True
+    if undoing:
+        return False  # freeing or unpinning what it pinned: the pin has returned
     if call in PIN_CALLS or allocating:
         return True
     if shares is not None and th.get("state") == "R" and shares[1] >= 0.5:
@@ -114,10 +131,12 @@ class PhaseDetector:
         procs = {pid: p for pid, p in (sample.get("procs") or {}).items() if alive(p)}
         prev = self.prev or {}
         dt = sample["t"] - prev.get("t", sample["t"])
+        pins_now = _pins(sample)
         for pid, p in procs.items():
             self.threads[int(pid)] = sum(1 for th in (p.get("threads") or {}).values() if th.get("state") not in DEAD)
             before = (prev.get("procs") or {}).get(pid) or {}
             shmem_s = ((p.get("rss_shmem") or 0) - (before.get("rss_shmem") or 0)) / dt if before and dt > 0 else 0.0
+            own_shmem_s = shmem_s
             if shmem_s <= 0 and dt > 0:  # the driver's pages may be mapped into the process only at the end
                 shmem_s = ((sample.get("mem") or {}).get("Shmem") or 0) - ((prev.get("mem") or {}).get("Shmem") or 0)
                 shmem_s /= dt
@@ -131,17 +150,26 @@ class PhaseDetector:
                 in_kernel = bool(shares and th.get("state") in ("R", "D") and shares[0] >= KERNEL_SHARE
                                  and shares[1] <= USER_SHARE)
                 allocating = in_kernel and (shmem_s >= SHMEM_BYTES_S or faults_s >= FAULTS_S)
-                state = _verdict(th, shares, allocating)
+                phase = self.active.get(key)
+                if phase is not None:
+                    phase._pins_peak = max(phase._pins_peak, pins_now)
+                gain = phase._pins_peak - phase._pins0 if phase is not None else 0
+                undoing = bool(phase is not None and th.get("state") in ("R", "D") and (
+                    own_shmem_s <= -SHMEM_BYTES_S or (gain >= UNDO_PAGES and pins_now <= phase._pins0 + gain // 2)))
+                state = _verdict(th, shares, allocating and not undoing, undoing)
+                if phase is not None:
+                    phase._undo_since = (phase._undo_since or sample["t"]) if undoing else \
+                        (None if state else phase._undo_since)
                 # the start was seen when the last sample showed the thread out of a pin; for a stack
                 # or a call that says "pin", a last sample that could not tell counts as outside too
                 # (an allocation seen from times needs two samples: it may have begun before either)
                 last = self.outside.get(key, True)
                 was_outside = last is False or (last is None and not allocating)
                 self.outside[key] = state
-                phase = self.active.get(key)
                 if phase is None:
                     if state:
                         phase = Phase(pid=int(pid), tid=int(tid), comm=th.get("comm") or p.get("name"),
+                                      _pins0=_pins(prev) if prev else pins_now, _pins_peak=pins_now,
                                       started_t=prev.get("t", sample["t"]) if allocating else sample["t"],
                                       seen_start=was_outside,
                                       kind=pin_kind(th.get("frames") or []) or
@@ -156,6 +184,7 @@ class PhaseDetector:
                     # another call in the same thread without a visible return (a prefault, then mlock)
                     ended.append(self._close(key, sample["t"], "returned"))
                     phase = Phase(pid=int(pid), tid=int(tid), comm=phase.comm, started_t=sample["t"], seen_start=True,
+                                  _pins0=pins_now, _pins_peak=pins_now,
                                   kind=kind, syscall=th.get("syscall"), size_hint=th.get("syscall_len"))
                     self.active[key] = phase
                     started.append(phase)
@@ -165,13 +194,15 @@ class PhaseDetector:
                 if phase.size_hint is None and th.get("syscall_len"):
                     phase.size_hint = th["syscall_len"]
                 if state is False:
-                    if phase._outside == 0:
+                    if phase._out_since is None:  # the first time outside since it was last seen inside
                         phase._out_since = sample["t"]
                     phase._outside += 1
                     if phase._outside >= self.end_after:  # it returned when it was first seen outside
                         ended.append(self._close(key, phase._out_since, "returned"))
                 else:
                     phase._outside = 0
+                    if state:  # inside again: an earlier look outside was not the return
+                        phase._out_since = None
         self.prev = sample
         for key, phase in list(self.active.items()):
             pid, tid = key
@@ -193,6 +224,8 @@ class PhaseDetector:
         phase = self.active.pop(key)
         if reason != "returned" and phase._outside:  # seen out of the pin, then gone: it returned first
             reason, t = "returned", phase._out_since
+        elif reason != "returned" and phase._undo_since is not None:  # seen letting go of its pages, then gone
+            reason, t = "returned", min(phase._undo_since, phase._out_since or phase._undo_since)
         phase.ended_t, phase.end_reason = t, reason
         self.done.append(phase)
         return phase

@@ -96,7 +96,7 @@ def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float 
             text += f" ({format_bytes(read)} at {read / (1 << 20) / secs:,.1f} MiB/s)"
         return text + "; a private mapping's pages are then copied"
     if bound == "fault-in/zeroing":
-        if f.get("shmem_growth_bytes"):
+        if (f.get("shmem_growth_bytes") or 0) > 0:
             return f"the driver allocated and zeroed {format_bytes(f['shmem_growth_bytes'])} (its RssShmem)"
         return "the pages were allocated and zeroed (or copied) as the pin faulted them in" + (
             f" ({f['faults']:,} faults)" if f.get("faults") else "")
@@ -133,7 +133,7 @@ def phase_verdict(ph: PhaseResult, page: int = 4096) -> str:
     else:
         where = f"{ph.pct:.0f}% of {size}" if ph.pct is not None and size else (size or "an unknown size")
         state = "exited inside the pin" if ph.outcome == "exited" else "still pinning"
-        rate = f" at {ph.rate_pages_s:,.0f} pages/s" if ph.rate_pages_s else ""
+        rate = f" at {ph.rate_pages_s:,.0f} pages/s" if ph.rate_pages_s and ph.rate_pages_s > 0 else ""
         eta = (f", ETA {format_duration(ph.eta_s)}" if ph.eta_s is not None
                else ", ETA needs --size" if ph.eta_basis == "ETA needs --size" else "")
         text = f"{who} {state} after {format_duration(ph.seconds)}: {where}{rate}, {why}{eta}"
@@ -188,7 +188,7 @@ def render_watch(r: WatchResult) -> str:
                 ("bound named after", f"{main.first_bound_at_s:.1f} s" if main.first_bound_at_s is not None else None),
                 ("pinned", f"{main.pinned_pages:,} of {main.expected_pages:,} pages ({main.progress_basis})"
                  if main.pinned_pages is not None and main.expected_pages else None),
-                ("rate", f"{main.rate_pages_s:,.0f} pages/s" if main.rate_pages_s else None),
+                ("rate", f"{main.rate_pages_s:,.0f} pages/s" if main.rate_pages_s and main.rate_pages_s > 0 else None),
                 ("ETA", (format_duration(main.eta_s) if main.eta_s is not None else main.eta_basis)
                  if main.outcome == "open" else None),
                 ("ETA at 20% vs actual", f"{main.eta_error * 100:+.0f}%" if main.eta_error is not None else None),

@@ -293,12 +293,14 @@ class Tracker:
                 "rate_pages_s": self._phase_rate(),
                 "shared_counters": list(self.shared), "figures": self.figures()}
 
-    def _phase_rate(self) -> float | None:
-        """Pages per second over the whole phase, on the basis it ended with."""
+    def _phase_rate(self, done_at_end: int | None = None) -> float | None:
+        """Pages per second over the whole phase, on the basis it ended with (up to done_at_end
+        pages done, where the caller knows what was done at the return)."""
         if not self.samples or not self.basis or not self.elapsed:
             return None
         first = self._first if self.basis in ("pins", "resident", "shmem") else (self._first_inside or self._first)
-        a, b = self._done_for(first, self.basis), self._done_for(self.samples[-1], self.basis)
+        a = self._done_for(first, self.basis)
+        b = done_at_end if done_at_end is not None else self._done_for(self.samples[-1], self.basis)
         if a is None or b is None:
             return None
         span = self.elapsed if first is self._first else max(1e-6, (self.t_end or self.samples[-1]["t"]) - first["t"])
