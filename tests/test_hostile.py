@@ -1012,12 +1012,15 @@ def test_audit_12_a_run_nested_too_deep_is_damage_not_an_internal_error(tmp_path
             fd = nxt
     finally:
         os.close(fd)
-    r = hp("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
-    one_line_error(r, 3)
-    assert "nested more than" in r.err and "RecursionError" not in r.err
-    from diag.confined import TooLarge, open_dir
-    with open_dir(run) as d, pytest.raises(TooLarge, match="nested more than"):
-        d.walk()
+    try:
+        r = hp("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
+        one_line_error(r, 3)
+        assert "nested more than" in r.err and "RecursionError" not in r.err
+        from diag.confined import TooLarge, open_dir
+        with open_dir(run) as d, pytest.raises(TooLarge, match="nested more than"):
+            d.walk()
+    finally:  # pytest's own clean-up of old temporary directories recurses: leave nothing this deep
+        subprocess.run(["rm", "-rf", str(run / "root" / "d")], check=False)
 
 
 MISTYPED_RESULTS = {
