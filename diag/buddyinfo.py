@@ -51,6 +51,11 @@ def parse_buddyinfo(text: str, page_size: int = PAGE_SIZE) -> ParsedList:
             zones.bad.append(line.strip()[:80])
             continue
         zones.append(ZoneFree(node=node, zone=parts[0], counts=counts, page_size=page_size))
+    # every zone line has one count per order (NR_PAGE_ORDERS): a shorter one was cut short
+    widest = max((len(z.counts) for z in zones), default=0)
+    for z in [z for z in zones if len(z.counts) < widest]:
+        zones.bad.append(f"Node {z.node}, zone {z.zone}: {len(z.counts)} of {widest} orders")
+        zones.remove(z)
     return zones
 
 

@@ -207,14 +207,16 @@ class HostpinGroup(click.Group):
         argv = list(sys.argv[1:] if args is None else args)
         if _gate_format(argv) is None:
             return super().main(args, *rest, **kwargs)
-        from .gate import unevaluated_line
         try:
+            from .gate import unevaluated_line
             return super().main(args, *rest, **kwargs)
         except click.UsageError as exc:  # exit 2 (npd: unknown); the full message goes to stderr
             click.echo(unevaluated_line(exc.format_message()))
             raise
         except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo(unevaluated_line("interrupted"))
+            click.echo("hostpin: not evaluated: interrupted")
+            if _gate_format(argv) == "npd":  # node-problem-detector knows 0, 1 and 2: unknown
+                sys.exit(2)
             raise
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
@@ -416,7 +418,11 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
+        import signal
         from .gate import npd_exit_code, short_line, unevaluated_line
+        # the answer is given: a Ctrl-C now must not turn it into "interrupted" (exit 130)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         # the cause first: what could not be written, not the verdict it was appended to
         click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
         if data.get("status") not in ("pass", "warn", "fail") or prom_error:

@@ -133,6 +133,10 @@ class Readings:
         state = self.state(fact)
         rel = FACT_SOURCES.get(fact, (fact,))[0]
         if state == DAMAGED:
+            if all(b.startswith(("sys/", "proc/")) for b in self.damage[fact]):  # each names its own file
+                bad = self.damage[fact]
+                return "; ".join(self.root.display(b) for b in bad[:3]) + (f" (and {len(bad) - 3} more)"
+                                                                          if len(bad) > 3 else "")
             return describe_bad(self.root.display(rel), self.damage[fact])
         if self.gaps.get(fact):
             return ", ".join(self.root.display(g) for g in self.gaps[fact][:3]) + " (not captured)"
@@ -145,9 +149,14 @@ class Readings:
             self.damage.setdefault(fact, []).extend(bad)
 
     def _checked(self, fact: str, reading):
-        """A parser's result, with what it could not read recorded as the fact's damage."""
+        """A parser's result, with what it could not read recorded as the fact's damage; a file
+        whose last line has no end was cut short (the kernel ends every line of these files)."""
         if reading is not None:
             self._damaged(fact, list(getattr(reading, "bad", [])))
+            rel = FACT_SOURCES.get(fact, ("",))[0]
+            text = self.root.read_text(rel) if rel.startswith("proc/") else None
+            if text and not text.endswith("\n"):
+                self._damaged(fact, [f"cut short (its last line {text.splitlines()[-1][-40:]!r} has no end)"])
         return reading
 
     # -- readings ------------------------------------------------------------------------
@@ -193,6 +202,15 @@ class Readings:
             self._damaged("meminfo", [b for b in m.bad if b.split(":")[0] in meminfo._FIELDS.values()]
                           + [f"no {k} line" for k in MEMINFO_REQUIRED if k in m.missing and k not in m.raw
                              and not any(b.startswith(k + ":") for b in m.bad)])
+            for small, big in (("available_bytes", "total_bytes"), ("free_bytes", "total_bytes"),
+                               ("swap_free_bytes", "swap_total_bytes")):
+                a, b = getattr(m, small), getattr(m, big)
+                if a is not None and b is not None and a > b:  # no kernel prints that
+                    self._damaged("meminfo", [f"{small.replace('_bytes', '')} {a:,} B is more than "
+                                              f"{big.replace('_bytes', '')} {b:,} B"])
+            text = self.root.read_text("proc/meminfo")
+            if text and not text.endswith("\n"):
+                self._damaged("meminfo", ["cut short (its last line has no end)"])
         return m
 
     @cached_property

@@ -63,6 +63,10 @@ def short_line(result: dict[str, Any], limit: int = LINE_LIMIT) -> str:
     status = result.get("status")
     checks = result.get("checks") or []
     if status not in ("pass", "warn", "fail"):
+        errors = [c for c in checks if c.get("status") == "error"]
+        if errors:  # the check that could not judge, and why, before anything else
+            more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+            return unevaluated_line(f"{errors[0]['id']}: {errors[0].get('summary') or 'error'}", limit - len(more)) + more
         return unevaluated_line(result.get("verdict") or "not evaluated", limit)
     bad = [c for c in checks if c.get("status") == status] if status in ("fail", "warn") else []
     if not bad:
@@ -85,8 +89,11 @@ def short_line(result: dict[str, Any], limit: int = LINE_LIMIT) -> str:
 def unevaluated_line(why: str, limit: int = LINE_LIMIT) -> str:
     """'hostpin: not evaluated: CAUSE', the cause first: what hostpin was evaluating (this node, a
     tree's path) is dropped, and a file's path is cut to the file."""
-    why = re.sub(r"^(cannot evaluate this node|could not evaluate \S+|internal error): ", "", _clean(why))
+    why = re.sub(r"^(cannot evaluate this node|cannot evaluate whether this node can pin [^:]*|could not evaluate "
+                 r"\S+|internal error): ", "", _clean(why))
+    why = re.sub(r"^(\w+): (?:damaged reading|(not captured)): ", lambda m: f"{m[1]}: {m[2] or 'damaged'} ", why)
     why = re.sub(r"\S*?/((?:proc|sys)/\S+)", r"\1", why)  # the file, not where the tree was
+    why = re.sub(r"\bsys/fs/cgroup/\S*?(memory\.\w+)", r"cgroup \1", why)  # which cgroup: in the run
     why = re.sub(r"(?<![\w.])/(?:[^\s/]+/)+([^\s/]+)", r"\1", why)  # any other path: its name
     why = re.sub(r"^Invalid value for (--[\w-]+) ?: ", r"\1: ", why)  # click's words, quotes already gone
     why = re.sub(r"^cannot read the configuration file ", "site file ", why)

@@ -33,7 +33,7 @@ def parse_psi(text: str) -> ParsedDict:
         for item in parts[1:]:
             key, sep, value = item.partition("=")
             number = to_int(value) if key == "total" else to_float(value)
-            if not sep or number is None or number < 0:
+            if not sep or number is None or number < 0 or (key != "total" and number > 100):  # avgs are percents
                 out.bad.append(f"{parts[0]} {key}={value[:20]!r}")
                 number = None
             name = "total_us" if key == "total" else key

@@ -47,6 +47,13 @@ def parse_selected(text: str) -> str | None:
     return text or None
 
 
+# what the kernel's mm/huge_memory.c and mm/shmem.c print in each file (a value outside is damage)
+CHOICES = {"enabled": {"always", "madvise", "never", "inherit"},
+           "defrag": {"always", "defer", "defer+madvise", "madvise", "never"},
+           "khugepaged/defrag": {"0", "1"},
+           "shmem_enabled": {"always", "within_size", "advise", "never", "deny", "force", "inherit"}}
+
+
 def read_thp(root: Root) -> Thp:
     bad: list[str] = []
 
@@ -55,8 +62,9 @@ def read_thp(root: Root) -> Thp:
         if text is None:
             return None
         value = parse_selected(text)
-        if value is None:
+        if value is None or value not in CHOICES[name]:
             bad.append(f"{name}: {text.strip()[:40]!r}")
+            return None
         return value
 
     pmd_text = root.read_text(f"{_BASE}/hpage_pmd_size")

@@ -208,3 +208,63 @@ def test_a_snapshot_of_another_boot_is_judged_as_the_live_node_was():
     assert result["page_size_source"] == "probes/node.json"
     checks, result = evaluate(snap, size_bytes=600 * G)
     assert checks["headroom"]["status"] == FAIL and checks["driver"]["status"] == FAIL and result["exit_code"] == 1
+
+
+CUT = {
+    "zoneinfo cut mid-line before its Movable zone": ("proc/zoneinfo", lambda s: s[: s.index("zone  Movable") - 30]),
+    "zoneinfo cut in half": ("proc/zoneinfo", lambda s: s[: len(s) // 2]),
+    "buddyinfo cut in half": ("proc/buddyinfo", lambda s: s[: len(s) // 2]),
+    "a buddyinfo line with 8 of its orders": ("proc/buddyinfo", lambda s: "".join(
+        " ".join(line.split()[:8]) + "\n" if i == 1 else line for i, line in enumerate(s.splitlines(True)))),
+    "meminfo cut mid-line": ("proc/meminfo", lambda s: s[: s.index("SwapFree") + 12]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CUT))
+def test_a_reading_cut_short_is_damaged(tree, case):
+    """A second audit cut captured files short: zoneinfo before its Movable zone passed --strict (the
+    zone, 32 GiB of ZONE_MOVABLE, was simply not there); half a buddyinfo reported 14 MiB of free
+    huge pages and passed. The kernel ends every line of these files: a last line without its end,
+    or a zone line with fewer orders than the others, was cut short."""
+    rel, cut = CUT[case]
+    t = tree(GPU_SNAPSHOT)
+    t.write(rel, cut((t.path / rel).read_text()))
+    checks, result = evaluate(t.path, strict=True, size_bytes=int(47.2 * G), ranks=2, thp=True)
+    assert result["exit_code"] == 3, {k: c["summary"] for k, c in checks.items() if c["status"] != PASS}
+    assert any(c["status"] == ERROR and "damaged" in c["summary"] for c in checks.values()) or \
+        "cut short" in result["verdict"], result["verdict"]
+
+
+@pytest.mark.parametrize("rel, text", [
+    ("sys/kernel/mm/transparent_hugepage/enabled", "foo\n"),      # no such policy (mm/huge_memory.c)
+    ("proc/pressure/memory", PSI.replace("some avg10=0.00", "some avg10=500.00")),  # a percent past 100
+])
+def test_values_no_kernel_prints_are_damaged(tree, rel, text):
+    t = tree(GPU_SNAPSHOT)
+    t.write(rel, text)
+    _, result = evaluate(t.path, strict=True, size_bytes=4 * G, thp=True)
+    assert result["exit_code"] == 3
+
+
+def test_memavailable_above_memtotal_is_damaged(tree):
+    t = tree(GPU_SNAPSHOT)
+    mi = (t.path / "proc/meminfo").read_text().splitlines(True)
+    t.write("proc/meminfo", "".join("MemAvailable:   999999999 kB\n" if line.startswith("MemAvailable") else line
+                                    for line in mi))
+    checks, result = evaluate(t.path, size_bytes=4 * G)
+    assert result["exit_code"] == 3
+
+
+def test_the_npd_line_of_a_damaged_reading_names_the_check_and_the_file(tree):
+    """node-problem-detector shows one line: 'cannot evaluate whether this node can pin 2 x 47.2...'
+    said nothing; the check and the file come first."""
+    import subprocess
+    import sys
+    t = tree(GPU_SNAPSHOT)
+    t.write(f"{LEAF_PARENT}/memory.max", "garbage\n")
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--config", "none", "--root", str(t.path),
+                        "--size", "47.2GiB", "--ranks", "2", "--format", "npd", "--out", str(t.base / "runs")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout.count("\n") == 1, (r.stdout, r.stderr)
+    assert r.stdout.startswith("hostpin: not evaluated: headroom: damaged cgroup memory.max"), r.stdout
+    assert len(r.stdout.strip()) <= 80

@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -1055,3 +1056,24 @@ def test_audit_12_a_mistyped_result_is_refused_alike_by_report_and_compare(tmp_p
         assert r.returncode == 3, (args[0], r.stdout[-300:], r.stderr)
         assert "Traceback" not in r.stderr and "TypeError" not in r.stderr and field in r.stderr, (args[0], r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_redacted_bundle_leaves_the_rendered_report_out(tmp_path):
+    """A second audit: after `report` added report.md to a run, `bundle --redact` kept its
+    "| host | vm |" row (a short host name is replaced only where host names live). The report is a
+    view of the run: it is left out, its entry says why, and `report` remakes it from the bundle."""
+    run = copy_run(tmp_path, "h200-preflight", "run")
+    assert hp("report", str(run)).code == 0
+    host = json.loads((run / "manifest.json").read_text())["host"]
+    row = re.compile(rf"\|\s*host\s*\|\s*{re.escape(host)}\s*\|")
+    assert row.search((run / "report.md").read_text())
+    r = hp("bundle", str(run), "--redact", "-o", str(tmp_path / "b.tar.gz"))
+    assert r.code == 0, r.err
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        names = tar.getnames()
+        assert not any(n.endswith("report.md") for n in names)
+        manifest = json.loads(tar.extractfile(next(n for n in names if n.endswith("/manifest.json"))).read())
+    entry = next(e for e in manifest["entries"] if e["path"].endswith("report.md"))
+    assert entry["skipped"] and "remakes it" in entry["reason"]
+    back = hp("report", str(tmp_path / "b.tar.gz"))
+    assert back.code == 0 and not row.search(back.out)
