@@ -92,3 +92,23 @@ def test_readme_offline_example_works_after_a_second_snapshot(tmp_path):
                            timeout=120)
         assert r.returncode in (0, 1), f"{command}: exit {r.returncode}: {r.stderr[-300:]}"
     assert len(list((tmp_path / "snapshots").iterdir())) == 2
+
+
+def test_readme_preflight_output_is_what_the_command_prints(tmp_path):
+    """The Preflight section's first block, every line but the evidence path, against a real run."""
+    section = README[README.index("## Preflight"):]
+    block = re.search(r"```\n\$ (hostpin preflight [^\n]+)\n(.*?)```", section, re.S)
+    command, shown = block.group(1), block.group(2).splitlines()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOSTPIN_CONFIG": "none"}
+    shutil.copytree(REPO / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
+    r = subprocess.run(["bash", "-c", command + " --out runs"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    printed = r.stdout.splitlines()
+    for line in shown:
+        if line.startswith("evidence: "):
+            assert any(p.startswith("evidence: ") for p in printed)
+            continue
+        assert line in printed, f"README shows {line!r}; preflight printed:\n{r.stdout}"
+    assert len([p for p in printed if p[:4] in ("PASS", "WARN", "FAIL", "SKIP", "ERRO")]) == \
+        len([s for s in shown if s[:4] in ("PASS", "WARN", "FAIL", "SKIP", "ERRO")])
