@@ -199,6 +199,21 @@ def _gate_format(argv: list[str]) -> str | None:
     return fmt if fmt in ("line", "npd") else None
 
 
+class NonEmptyPath(click.Path):
+    """A path option that refuses the empty string (click would read it as '.', the current directory)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def _not_empty(ctx, param, value):
+    if isinstance(value, str) and not value.strip():
+        raise click.BadParameter("an empty value; give a path, or leave the option out")
+    return value
+
+
 class HostpinGroup(click.Group):
     """Every command that writes a run takes --config: the site file fills its options' defaults."""
     group_class = type  # `hostpin repro` is one too
@@ -301,10 +316,10 @@ def cli():
 @click.option("--pid", "pid", type=click.IntRange(min=1), default=None,
               help="Evaluate the memory cgroup (and swap) of this process, the one that will pin, "
                    "instead of preflight's own (a DaemonSet reads its own otherwise).")
-@click.option("--cgroup", "cgroup_path", default=None, metavar="PATH",
+@click.option("--cgroup", "cgroup_path", default=None, metavar="PATH", callback=_not_empty,
               help="Evaluate this memory cgroup: a directory (/sys/fs/cgroup/...) or a cgroup path "
                    "(/kubepods.slice/...); 'none' says the pinning process is in no memory-limited cgroup.")
-@click.option("--file", "table_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--file", "table_file", type=NonEmptyPath(dir_okay=False), default=None,
               help="The table's file, with --source file: its file system decides catalog 9 (tmpfs, "
                    "hugetlbfs and ramfs allow writable shared pins; fsdax refuses every pin).")
 @click.option("--skip", "skip", multiple=True, metavar="CHECK",
@@ -312,7 +327,7 @@ def cli():
 @click.option("--strict/--no-strict", default=False,
               help="Warnings fail too (exit 1), and a check that could warn but lacks its readings makes the "
                    "run unevaluated (exit 3); --no-strict: not, whatever the site file says.")
-@click.option("--prometheus", "prometheus", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--prometheus", "prometheus", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
               help="line: one short line starting 'hostpin: ' (a Slurm drain reason); npd: the same line with "
@@ -519,7 +534,7 @@ def _timeline_png(samples: list[dict], title: str, page_size) -> bytes:
 @cli.command()
 @click.argument("run_path", metavar="RUN")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "text"]), default="markdown", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Write the report here (default: stdout). A run directory of yours also keeps report.md "
                    "(and timeline.png); a bundle's picture is kept only next to -o FILE.")
 @click.option("--no-picture", is_flag=True, help="Do not draw the timeline picture of a pin run.")
@@ -586,7 +601,7 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
 
 @cli.command()
 @click.argument("run_dir", metavar="RUN_DIR", type=click.Path())
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--output", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="The .tar.gz to write (default: RUN_DIR's name + .tar.gz here).")
 @click.option("--redact", is_flag=True, help="Replace host names, IP/MAC addresses, user names, serials, UUIDs, "
                                              "Kubernetes pod UIDs, container and machine IDs with tokens (listed "
