@@ -177,13 +177,17 @@ def test_watch_command_heartbeats_and_passes_the_exit_code(node, tmp_path):
     assert verify_manifest(run) == []
 
 
-def _killed_mid_pin(target: Target, after: float, reap_after: float, sig=signal.SIGTERM) -> None:
+def _killed_mid_pin(target: Target, after: float, reap_after: float, sig=signal.SIGTERM) -> float:
     """Kill the target `after` seconds into its throttled mlock (192 MiB at 16 MB/s: 12 s);
-    it stays a zombie for `reap_after` s, as under a launcher that reaps it later."""
+    it stays a zombie for `reap_after` s, as under a launcher that reaps it later. Returns the
+    seconds from the call to the reap: once in a CI run the kernel took over 20 s to end a task
+    killed inside a throttled swap-in (it dies when the fault it waits on lets it)."""
+    t0 = time.monotonic()
     time.sleep(after)
     target.proc.send_signal(sig)
     time.sleep(reap_after)
-    assert target.proc.wait(timeout=20) == -sig
+    assert target.proc.wait(timeout=90) == -sig
+    return time.monotonic() - t0
 
 
 @needs_node
@@ -197,7 +201,7 @@ def test_watch_pid_a_target_killed_inside_the_pin_exited(node, tmp_path):
     target.say("go")
     time.sleep(0.3)
     w = _watch(tmp_path, "--pid", str(target.proc.pid), "--size", "256MiB", "--json")
-    _killed_mid_pin(target, 3.0, 3.0)
+    reaped = _killed_mid_pin(target, 3.0, 3.0)
     out, err = w.communicate(timeout=30)
     assert w.returncode == 1, err
     a = json.loads(out)
@@ -205,8 +209,9 @@ def test_watch_pid_a_target_killed_inside_the_pin_exited(node, tmp_path):
     assert a["outcome"] == "exited" and ph["outcome"] == "exited", a["verdict"]
     assert ph["pct"] is not None and 5 < ph["pct"] < 80, ph
     assert ph.get("eta_error") is None and "exited inside the pin" in a["verdict"], a["verdict"]
-    # it ended when the process died, not when its parent reaped it
-    assert a["watched_s"] < 3.0 + 3.0 + 1.5, a["watched_s"]
+    # it ended when the process died, not when its parent reaped it (3 s after the kill, or at
+    # once when the kernel took longer than that to end it)
+    assert a["watched_s"] < (3.0 + 3.0 + 1.5 if reaped < 3.0 + 3.0 + 0.5 else reaped + 1.5), (a["watched_s"], reaped)
 
 
 @needs_node
@@ -228,7 +233,7 @@ def test_watch_command_a_target_killed_inside_the_pin_exited(node, tmp_path):
             kids = subprocess.run(["pgrep", "-P", str(target.proc.pid)], capture_output=True, text=True).stdout.split()
             assert len(kids) == 1, kids
             os.kill(int(kids[0]), sig)
-        out, err = target.proc.communicate(timeout=30)
+        out, err = target.proc.communicate(timeout=90)  # a task killed in a throttled swap-in may take a while
         assert target.proc.returncode == 128 + sig, err
         run = Path(err.strip().splitlines()[-1].rsplit("evidence: ", 1)[1].rstrip(")"))
         result = json.loads((run / "result.json").read_text())
