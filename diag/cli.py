@@ -214,6 +214,9 @@ def _not_empty(ctx, param, value):
     return value
 
 
+_ANSWERED: int | None = None  # the exit code of a gate line already printed (--format line|npd)
+
+
 class HostpinGroup(click.Group):
     """Every command that writes a run takes --config: the site file fills its options' defaults."""
     group_class = type  # `hostpin repro` is one too
@@ -222,6 +225,8 @@ class HostpinGroup(click.Group):
         argv = list(sys.argv[1:] if args is None else args)
         if _gate_format(argv) is None:
             return super().main(args, *rest, **kwargs)
+        global _ANSWERED
+        _ANSWERED = None
         try:
             from .gate import unevaluated_line
             return super().main(args, *rest, **kwargs)
@@ -229,6 +234,8 @@ class HostpinGroup(click.Group):
             click.echo(unevaluated_line(exc.format_message()))
             raise
         except (click.exceptions.Abort, KeyboardInterrupt):
+            if _ANSWERED is not None:  # interrupted after the one line was printed: that answer stands
+                sys.exit(_ANSWERED)
             click.echo("hostpin: not evaluated: interrupted")
             if _gate_format(argv) == "npd":  # node-problem-detector knows 0, 1 and 2: unknown
                 sys.exit(2)
@@ -433,13 +440,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
-        import signal
+        global _ANSWERED
         from .gate import npd_exit_code, short_line, unevaluated_line
-        # the answer is given: a Ctrl-C now must not turn it into "interrupted" (exit 130)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
         # the cause first: what could not be written, not the verdict it was appended to
         click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        # the answer is given: a Ctrl-C from now on must not turn it into "interrupted" (HostpinGroup.main)
+        _ANSWERED = npd_exit_code(data) if fmt == "npd" else result.exit_code
         if data.get("status") not in ("pass", "warn", "fail") or prom_error:
             click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
         return npd_exit_code(data) if fmt == "npd" else result.exit_code

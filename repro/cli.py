@@ -274,14 +274,28 @@ def main(argv: list[str] | None = None) -> None:
     # The later ones are ignored by the kernel (SIG_IGN), also while the interpreter exits, which
     # would otherwise reset a Python handler to the default and die of the signal after cleaning up.
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.getsignal(s) for s in stops}
+    fired = []
 
     def _unwind(signum, frame):
+        fired.append(signum)
         for s in stops:
             signal.signal(s, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     for s in stops:
         signal.signal(s, _unwind)
+    try:
+        _main(args, argv)
+    finally:
+        # no signal came: the caller's handlers come back (a caller in the same process, such as a
+        # test, must not keep SIG_IGN, which every child it starts would inherit through exec)
+        if not fired:
+            for s, handler in previous.items():
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _main(args: list[str], argv: list[str] | None) -> None:
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
     # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
     os.umask(os.umask(0o077) | 0o077)

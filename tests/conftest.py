@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,22 @@ IS_ROOT = os.geteuid() == 0
 # the suite's commands must not pick up a site file this machine may have (/etc/hostpin/hostpin.toml);
 # tests of the site file name theirs
 os.environ.setdefault("HOSTPIN_CONFIG", "none")
+
+_STOPS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")]
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_come_back():
+    """A command run in this process must leave SIGINT/SIGTERM/SIGHUP as it found them: an ignored
+    one (SIG_IGN) is inherited through exec by every child a later test starts, which then cannot be
+    killed by that signal. The test fails on a leak; the dispositions are restored either way."""
+    before = {s: signal.getsignal(s) for s in _STOPS}
+    yield
+    after = {s: signal.getsignal(s) for s in _STOPS}
+    for s, handler in before.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    leaked = [signal.Signals(s).name for s in _STOPS if after[s] is signal.SIG_IGN and before[s] is not signal.SIG_IGN]
+    assert not leaked, f"the test left {leaked} ignored"
 
 
 @pytest.fixture
