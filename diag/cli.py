@@ -223,7 +223,8 @@ class HostpinGroup(click.Group):
 
     def main(self, args=None, *rest, **kwargs):
         argv = list(sys.argv[1:] if args is None else args)
-        if _gate_format(argv) is None:
+        gate = _gate_format(argv)
+        if gate is None:
             return super().main(args, *rest, **kwargs)
         global _ANSWERED
         _ANSWERED = None
@@ -237,7 +238,7 @@ class HostpinGroup(click.Group):
             if _ANSWERED is not None:  # interrupted after the one line was printed: that answer stands
                 sys.exit(_ANSWERED)
             click.echo("hostpin: not evaluated: interrupted")
-            if _gate_format(argv) == "npd":  # node-problem-detector knows 0, 1 and 2: unknown
+            if gate == "npd":  # node-problem-detector knows 0, 1 and 2: unknown
                 sys.exit(2)
             raise
 

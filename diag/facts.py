@@ -153,11 +153,14 @@ class Readings:
         whose last line has no end was cut short (the kernel ends every line of these files)."""
         if reading is not None:
             self._damaged(fact, list(getattr(reading, "bad", [])))
-            rel = FACT_SOURCES.get(fact, ("",))[0]
-            text = self.root.read_text(rel) if rel.startswith("proc/") else None
-            if text and not text.endswith("\n"):
-                self._damaged(fact, [f"cut short (its last line {text.splitlines()[-1][-40:]!r} has no end)"])
+            self._cut_short(fact)
         return reading
+
+    def _cut_short(self, fact: str) -> None:
+        rel = FACT_SOURCES.get(fact, ("",))[0]
+        text = self.root.read_text(rel) if rel.startswith("proc/") else None
+        if text and not text.endswith("\n"):
+            self._damaged(fact, [f"cut short (its last line {text.splitlines()[-1][-40:]!r} has no end)"])
 
     # -- readings ------------------------------------------------------------------------
     @cached_property
@@ -208,9 +211,7 @@ class Readings:
                 if a is not None and b is not None and a > b:  # no kernel prints that
                     self._damaged("meminfo", [f"{small.replace('_bytes', '')} {a:,} B is more than "
                                               f"{big.replace('_bytes', '')} {b:,} B"])
-            text = self.root.read_text("proc/meminfo")
-            if text and not text.endswith("\n"):
-                self._damaged("meminfo", ["cut short (its last line has no end)"])
+            self._cut_short("meminfo")
         return m
 
     @cached_property

@@ -116,4 +116,3 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
         r.notes.append(f"the call returned at {r.pct:.0f}% of {size // (1 << 20):,} MiB: the process may pin in "
                        "chunks, or --size is larger than this call")
     return r
-

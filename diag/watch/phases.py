@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .frames import in_pin_path, pin_kind
+from .tracker import _pins
 
 __all__ = ["Phase", "PhaseDetector", "PIN_CALLS", "alive"]
 
@@ -73,11 +74,6 @@ FAULTS_S = 20_000
 # outstanding back below half of what the phase added, when it added this many pages or more
 # (cudaHostUnregister): a neighbour would have to let go of as many pages at that moment
 UNDO_PAGES = SHMEM_BYTES_S // 4096
-
-
-def _pins(sample: dict) -> int:
-    vm = sample.get("vm") or {}
-    return vm.get("nr_foll_pin_acquired", 0) - vm.get("nr_foll_pin_released", 0)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
