@@ -185,13 +185,17 @@ def headroom(ctx: Context) -> Verdict:
             if reclaim["can_swap"] and reclaim["swappable_bytes"] >= short:
                 pred = swap_prediction(ctx, short)
                 ev["cgroup_swap_prediction"] = pred
+                # measured on the CI VM (v1, a swap file): the first pin past the page cache was OOM-killed
+                # with 1.8 MiB swapped out (reclaim gave up while the swap-out was in flight); the next one
+                # completed with 136 MiB of the other process swapped out (tests/test_cgroup_reclaim_live.py)
                 fate = (f"after all {format_bytes(reclaim['page_cache_bytes'])} of the cgroup's page cache, "
                         f"{format_bytes(short)} of its anonymous and shmem memory goes to swap (swap is allowed "
-                        f"there): reading it back takes {format_duration(pred['predicted_pin_seconds'])} at "
+                        f"there), or the kernel OOM-kills when reclaim gives up before that swap-out completes; "
+                        f"reading it back takes {format_duration(pred['predicted_pin_seconds'])} at "
                         f"{pred['rate_pages_per_s']:,.0f} pages/s ({pred['device_kind']})")
             else:
                 fate = (f"after all {format_bytes(reclaim['page_cache_bytes'])} of the cgroup's page cache nothing "
-                        "else can be reclaimed (" + ("swap is not allowed there: " + reclaim["no_swap_reason"]
+                        "else can be reclaimed (" + ("it cannot swap: " + reclaim["no_swap_reason"]
                                                      if not reclaim["can_swap"] else
                                                      f"only {format_bytes(reclaim['swappable_bytes'])} could go to swap")
                         + "): the kernel OOM-kills in the cgroup")
