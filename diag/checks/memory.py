@@ -22,8 +22,9 @@ CGROUP_BYTES_PER_PAGE = 17
 # Dirty and writeback page cache is reclaimable only once written: counted in the headroom at this
 # assumed rate, which the verdict names with the time it takes. 100 MiB/s is below the baseline
 # of a general-purpose cloud volume (AWS gp3 125 MiB/s) and far below any local NVMe, so a node's
-# real disk writes at least this fast; the CI VM's disk wrote 1 GiB with O_DIRECT at the rate in
-# the README's "Containers" section. A pin that must wait longer than WRITEBACK_WARN_S for it warns.
+# real disk writes at least this fast (the CI VM's virtio disk wrote 1 GiB, fsync'ed, at 100 MiB/s:
+# the first step of bench/gpu_cgroup_pagecache_headroom.sh). A pin that must wait longer than
+# WRITEBACK_WARN_S for it warns.
 WRITEBACK_RATE = 100 * MiB
 WRITEBACK_WARN_S = 10.0
 
