@@ -125,8 +125,13 @@ def headroom(ctx: Context) -> Verdict:
     if m.available_bytes is None or m.total_bytes is None:
         # no MemAvailable line (kernel < 3.14, or a runtime that rewrites meminfo) and no zoneinfo
         # watermarks to estimate it from as the kernel does: the node's headroom is not known
+        lacking = [k for k in ("MemFree", "Active(file)", "Inactive(file)") if k not in m.raw]
+        why = (f"{ctx.root.display('proc/meminfo')} has no {', '.join(lacking)} line" if lacking else
+               f"{ctx.describe('zoneinfo')} does not give the zones' watermarks and lowmem reserves"
+               if ctx.state("zoneinfo") != "ok" else
+               f"{ctx.root.display('proc/zoneinfo')} lacks a zone's low, high, managed or protection line")
         return Verdict(ERROR, "MemAvailable is missing (kernel < 3.14, or a runtime that rewrites /proc/meminfo) and "
-                              f"cannot be estimated: {ctx.describe('zoneinfo')} does not give the zones' watermarks",
+                              f"cannot be estimated as the kernel does: {why}",
                        "capture /proc/zoneinfo with /proc/meminfo (hostpin snapshot), or --skip headroom to accept "
                        "the gap", missing=[ctx.root.display("proc/meminfo")])
     r = room(ctx)
@@ -146,7 +151,7 @@ def headroom(ctx: Context) -> Verdict:
     estimated = m.available_estimate is not None
     if estimated:
         ev["mem_available_estimate"] = m.available_estimate
-    where = (("MemAvailable (estimated: no MemAvailable line; " + m.available_estimate["source"] + ")"
+    where = (("MemAvailable (no MemAvailable line: " + m.available_estimate["source"] + ")"
               if estimated else "MemAvailable") if r.binding == "MemAvailable" else
              f"cgroup v{cg.version} {ctx.root.display(r.binding_dir)} (limit {format_bytes(cg.binding.limit_bytes)} - "
              f"working set {format_bytes(cg.binding.working_set_bytes)}, its page cache counted as reclaimable)")
