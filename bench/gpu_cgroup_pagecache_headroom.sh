@@ -96,6 +96,11 @@ def cleanup():
                 break
             except OSError:
                 time.sleep(0.1)
+    if made.get("enabled") is not None:
+        try:
+            made["enabled"].write_text("-memory")
+        except OSError as exc:
+            log(f"could not disable the memory controller again: {exc.strerror}")
     left = [x for x in (made["file"], made["cgroup"]) if x is not None and Path(x).exists()]
     log("cleanup:", "nothing left" if not left else f"LEFT {left}")
 
@@ -109,6 +114,7 @@ try:
     cg = top / f"hostpin-pagecache-{os.getpid()}"
     if V == 2 and "memory" not in (top / "cgroup.subtree_control").read_text().split():
         (top / "cgroup.subtree_control").write_text("+memory")
+        made["enabled"] = top / "cgroup.subtree_control"  # given back at the end
     cg.mkdir()
     made["cgroup"] = cg
     (cg / ("memory.max" if V == 2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
@@ -150,6 +156,9 @@ try:
     subprocess.run(["sh", "-c", f"echo 0 > {cg}/cgroup.procs && cat {path} > /dev/null && cat {path} > /dev/null"],
                    check=True, timeout=200)
     stats["after reading twice"] = stat(cg)
+    u, st0 = usage(cg), stats["after reading twice"]
+    stats["rules"] = {"usage": u, "old_headroom": LIMIT - (u - st0["inactive_file"]),
+                      "new_headroom": LIMIT - (u - st0["active_file"] - st0["inactive_file"])}
     log(f"read twice inside the cgroup in {time.monotonic() - t0:.1f} s: usage {gib(usage(cg))}",
         stats["after reading twice"])
 
@@ -219,6 +228,11 @@ finally:
     print(f"{'plan':<{w}}  verdict  agree  what the kernel did")
     for plan, verdict, did, agree in rows:
         print(f"{plan:<{w}}  {verdict:<7}  {agree:<5}  {did}")
+    if "rules" in stats:
+        r = stats["rules"]
+        print(f"cgroup limit {gib(LIMIT)}, usage {gib(r['usage'])} after reading {gib(CACHE)} twice: headroom by "
+              f"limit - (usage - inactive_file) {gib(r['old_headroom'])}, by limit - (usage - file LRU) "
+              f"{gib(r['new_headroom'])}")
     print(f"total {time.monotonic() - t_start:.0f} s")
 EOF
 rc=${PIPESTATUS[0]}
