@@ -184,7 +184,7 @@ def _pin(cg: RunCgroup, size: int) -> dict:
 
 def test_active_page_cache_is_reclaimed_for_a_pin_pass_pins_fail_is_oom_killed(memcg, tmp_path):
     """400 MiB of clean cache read twice (active list) in a 768 MiB cgroup: 600 MiB fits (the old rule,
-    limit - (usage - inactive_file), said 366 MiB was left and failed it), 800 MiB does not."""
+    limit - (usage - inactive_file), counted the active cache as in use and failed it), 800 MiB does not."""
     cg = memcg()
     _read_twice(cg, _new_file(memcg, 400 * MiB))
     st = _stat(cg)

@@ -355,9 +355,11 @@ def swap(ctx: Context) -> Verdict:
     ev["swapin_now"] = sample
     demand = sample.get("pages_per_s") or 0.0
     cg = ctx.cgroup
-    # swappiness 0 does not keep a region resident: reclaim near OOM swaps whatever it is (mm/vmscan.c,
-    # "mm: vmscan: disregard swappiness shortly before going OOM", 3.8); only memory.swap.max=0 (v1:
-    # memsw equal to the limit) forbids it
+    # vm.swappiness 0 does not keep a region resident: global reclaim near OOM swaps whatever it is
+    # (mm/vmscan.c, "mm: vmscan: disregard swappiness shortly before going OOM", 3.8); memory.swap.max=0
+    # (v1: memsw equal to the limit) forbids it, and so does a v1 cgroup's own memory.swappiness 0 for
+    # its own reclaim (get_scan_count: cgroup reclaim with swappiness 0 scans file pages only; measured
+    # in tests/test_cgroup_reclaim_live.py)
     can_swap = cg is None or cg.can_swap is not False
     ev["can_swap"] = can_swap
     r = room(ctx)
@@ -411,7 +413,8 @@ def swap(ctx: Context) -> Verdict:
                 + (", an estimate" if pred["rate_is_estimate"] else "") + ")") if exposed else \
                "no size given: the exposure of a plan is not predicted"
         if not can_swap:
-            cost = "this cgroup cannot swap (memory.swap.max 0): the region stays resident"
+            cost = ("this cgroup cannot swap (memory.swap.max 0, v1 memsw at the memory limit, or v1 "
+                    "memory.swappiness 0): the region stays resident")
             return Verdict(PASS, f"{head}; {cost}", evidence=ev)
         return Verdict(WARN, f"{head}: {cost}", remedy, ev, predicted=[1])
     return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold",
