@@ -191,9 +191,9 @@ def headroom(ctx: Context) -> Verdict:
             if reclaim["can_swap"] and reclaim["swappable_bytes"] >= short:
                 pred = swap_prediction(ctx, short)
                 ev["cgroup_swap_prediction"] = pred
-                # measured on the CI VM (v1, a swap file): the first pin past the page cache was OOM-killed
-                # with 1.8 MiB swapped out (reclaim gave up while the swap-out was in flight); the next one
-                # completed with 136 MiB of the other process swapped out (tests/test_cgroup_reclaim_live.py)
+                # measured on the CI VM (v1, a swap file, tests/test_cgroup_reclaim_live.py): of 3 pins past
+                # the page cache, 2 were OOM-killed with 0.8-2 MiB swapped out (reclaim gave up while the
+                # swap-out was in flight) and 1 completed with 161 MiB of the other process swapped out
                 fate = (f"after all {format_bytes(reclaim['page_cache_bytes'])} of the cgroup's page cache, "
                         f"{format_bytes(short)} of its anonymous and shmem memory goes to swap (swap is allowed "
                         f"there), or the kernel OOM-kills when reclaim gives up before that swap-out completes; "
