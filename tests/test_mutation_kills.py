@@ -234,3 +234,275 @@ def test_a_swap_file_that_swapon_refused_is_removed(tmp_path):
         assert os.statvfs(mnt).f_bfree == os.statvfs(mnt).f_blocks  # nothing of it holds RAM
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+# == mutations of issue 23's own twenty: each test below kills one (bench/mutations.py names it) ======
+def _swaps(t, used: list[tuple[str, int, float, str]], zswap: bool | None = None, zswapped_gib: float = 0):
+    """Swap devices (name, total GiB, used GiB, media) in the copy's meminfo, swaps and node probe."""
+    total, in_use = sum(d[1] for d in used), sum(d[2] for d in used)
+    with_swap(t, total, in_use)
+    t.write("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n" + "".join(
+        f"{name} file {size * 1024 * 1024} {int(u * 1024 * 1024)} -2\n" for name, size, u, _ in used))
+    mem = (t.path / "proc/meminfo").read_text().replace("Zswapped:              0 kB",
+                                                        f"Zswapped:        {int(zswapped_gib * 1024 * 1024)} kB")
+    t.write("proc/meminfo", mem)
+    (t.base / "probes").mkdir(exist_ok=True)
+    (t.base / "probes" / "node.json").write_text(json.dumps(
+        {"page_size": 4096, "machine": "x86_64", "zswap_enabled": zswap,
+         "swap_devices": [{"name": name, "media": media, "rotational": int(media == "rotational"), "disk": "sda"}
+                          for name, _, _, media in used]}))
+
+
+def test_zswapped_pages_come_back_at_the_zswap_rate(tree):
+    """8 GiB in swap, 4 GiB of it held by zswap (meminfo Zswapped, zswap on): half of what a 2 GiB
+    plan exposes comes back at zswap's rate, half at the device's."""
+    from diag.swap import RATE_PAGE_BYTES, swapin_rate
+    t = tree(GPU_SNAPSHOT)
+    _swaps(t, [("/swap.img", 64, 8, "nvme")], zswap=True, zswapped_gib=4)
+    ev = evaluate(t.path, size_bytes=2 * G)[0]["swap"]["evidence"]
+    assert ev["zswap_fraction"] == 0.5
+    dev = swapin_rate("nvme", ev["page_cluster"]).pages_per_s * RATE_PAGE_BYTES
+    z = swapin_rate("zswap", ev["page_cluster"]).pages_per_s * RATE_PAGE_BYTES
+    assert ev["predicted_pin_seconds"] == pytest.approx(G / dev + G / z, abs=1e-3)
+
+
+def test_the_slowest_swap_device_in_use_sets_the_pace(tree):
+    """Two swap areas in use, an NVMe and a rotational disk: a region's pages spread over both, and the
+    disk's rate bounds the pin."""
+    from diag.swap import swapin_rate
+    t = tree(GPU_SNAPSHOT)
+    _swaps(t, [("/swap-nvme", 32, 10, "nvme"), ("/swap-hdd", 32, 10, "rotational")])
+    ev = evaluate(t.path, size_bytes=2 * G)[0]["swap"]["evidence"]
+    slow = swapin_rate("rotational", ev["page_cluster"]).pages_per_s
+    assert slow < swapin_rate("nvme", ev["page_cluster"]).pages_per_s
+    assert ev["device_kind"] == "rotational" and ev["rate_pages_per_s"] == pytest.approx(slow)
+
+
+def test_the_overflow_into_swap_is_at_most_the_region(tree):
+    """A 1 GiB region with 200 GiB reserved beside it on a 125 GiB node: the plan cannot fit, but only
+    the region can go to swap (the reserve is staging memory, not the pinned region)."""
+    t = tree(GPU_SNAPSHOT)
+    with_swap(t, 256, 1)
+    c = evaluate(t.path, size_bytes=G, reserve_bytes=200 * G)[0]["swap"]
+    assert c["status"] == FAIL and "cannot fit without swapping" in c["summary"]
+    assert c["evidence"]["exposed_bytes"] == G
+
+
+def test_the_pinning_cgroup_s_own_swap_warns_below_the_node_threshold(tree):
+    """--cgroup names the launcher's cgroup, 1 GiB of whose pages are in swap (memory.swap.current),
+    on a node with only 40 MiB in swap (under the 64 MiB threshold): the pin reads those back."""
+    t = tree(GPU_SNAPSHOT)
+    with_swap(t, 8, 40 / 1024)
+    leaf = gpu_leaf(t)
+    (leaf / "memory.swap.current").write_text(str(G))
+    cg = "/" + str(leaf.relative_to(t.path / "sys/fs/cgroup"))
+    result = result_dict(run_preflight(Plan(size_bytes=2 * G), t.path, cuda="captured", cgroup_path=cg))
+    c = next(x for x in result["checks"] if x["id"] == "swap")
+    assert c["status"] == WARN and "of its own in swap" in c["summary"], c["summary"]
+    assert c["evidence"]["exposure"]["own_bytes"] == G
+
+
+def test_page_counts_round_up_to_whole_pages(tree):
+    """A region one byte over 1 GiB takes 262,145 pages: the driver's tables and the cgroup's charge
+    count the last, partial page."""
+    from diag.checks.memory import CGROUP_BYTES_PER_PAGE
+    t = tree(GPU_SNAPSHOT)
+    ev = evaluate(t.path, size_bytes=G + 1, method="hostalloc")[0]["headroom"]["evidence"]
+    assert ev["driver_table_bytes"] == 262_145 * catalog.DRIVER_BYTES_PER_PAGE
+    assert ev["need_cgroup_bytes"] == G + 1 + 262_145 * CGROUP_BYTES_PER_PAGE
+
+
+def test_memlock_exactly_the_region_is_enough(tree):
+    """RLIMIT_MEMLOCK equal to the region locks it (mm/mlock.c: locked > lock_limit fails)."""
+    t = tree(GPU_SNAPSHOT)
+    limits = (t.path / "proc/self/limits").read_text()
+    line = "Max locked memory         unlimited            unlimited"
+    assert line in limits
+    t.write("proc/self/limits", limits.replace(line, f"Max locked memory         {G:<20} {G}"))
+    status_text = (t.path / "proc/self/status").read_text()
+    t.write("proc/self/status", "\n".join("CapEff:\t0000000000000000" if x.startswith("CapEff") else x
+                                          for x in status_text.splitlines()))
+    c = evaluate(t.path, size_bytes=G, method="mlock")[0]["memlock"]
+    assert c["status"] == PASS and "covers" in c["summary"], c["summary"]
+    assert evaluate(t.path, size_bytes=G + 4096, method="mlock")[0]["memlock"]["status"] == FAIL
+
+
+def test_the_shared_file_rule_starts_at_6_5_0(tree):
+    """linux mm/gup.c writable_file_mapping_allowed came in 6.5: 6.5.0 itself refuses a writable
+    long-term pin of a MAP_SHARED xfs file; 6.4.16 does not."""
+    t = tree(GPU_SNAPSHOT)
+    mi = (t.path / "proc/self/mountinfo").read_text()
+    t.write("proc/self/mountinfo", mi + "93 27 259:4 / /data rw - xfs /dev/nvme1n1 rw\n")
+    for release, expected in (("6.5.0", FAIL), ("6.5.13", FAIL), ("6.4.16", PASS)):
+        t.write("proc/sys/kernel/osrelease", release + "\n")
+        c = evaluate(t.path, size_bytes=2 * G, source="file", map="shared", file="/data/t.bin")[0]["kernel"]
+        assert c["status"] == expected, (release, c["summary"])
+
+
+def test_the_per_call_limit_needs_the_kvmalloc_cap_of_5_14(tree):
+    """kvmalloc refuses more than INT_MAX bytes since 5.14 (mm/util.c): on 5.10 one 600 GiB call's page
+    table is allocated; on 5.14 it is not."""
+    t = tree(GPU_SNAPSHOT)
+    for release, expected in (("5.10.0-28-amd64", PASS), ("5.14.0", FAIL)):
+        t.write("proc/sys/kernel/osrelease", release + "\n")
+        c = evaluate(t.path, size_bytes=600 * G)[0]["driver"]
+        assert c["status"] == expected, (release, c["summary"])
+
+
+def test_an_unnamed_architecture_is_not_read_as_safe_from_the_6_11_cap():
+    """A driver banner whose architecture cannot be read: FOLL_LONGTERM is unknown, never 'no', so the
+    6.11 rule still holds for a 47 GiB call (catalog 4)."""
+    f = catalog.Facts(release="6.11.3", machine=None, driver_version=(580, 159, 4), per_call_bytes=47 * G)
+    assert catalog.driver_uses_longterm(f.driver_version, None) is None
+    assert catalog.entry(4).condition(f)
+    assert not catalog.entry(4).condition(catalog.Facts(release="6.11.3", machine="aarch64",
+                                                        driver_version=(580, 159, 4), per_call_bytes=47 * G))
+
+
+def test_an_allocation_failure_with_oom_kills_is_the_container_limit():
+    """cudaErrorMemoryAllocation with the cgroup's memory.events oom_kill up: catalog 12; without: 8."""
+    failure = {"call": "cudaHostAlloc", "code": 2, "name": "cudaErrorMemoryAllocation (2)"}
+    base = dict(method="hostalloc", per_call_bytes=47 * G, release="6.18.44", driver_version=(580, 159, 4),
+                machine="x86_64")
+    assert catalog.diagnose_failed_pin(failure, catalog.PinContext(**base, oom_kills=2)).entry == 12
+    assert catalog.diagnose_failed_pin(failure, catalog.PinContext(**base, oom_kills=0)).entry == 8
+    assert catalog.diagnose_failed_pin(failure, catalog.PinContext(**base)).entry == 8
+
+
+def _swap32_pin():
+    run = FIXTURES / "h200-repro-swap32"
+    result = json.loads((run / "result.json").read_text())
+    samples = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    return result, samples
+
+
+def test_the_eta_at_20_percent_is_taken_at_20_percent():
+    """The recorded 32 GiB registration replayed: the ETA kept as 'at 20%' is the first one given at
+    or past 20% of the pages, not an earlier one."""
+    from diag.watch.tracker import Tracker
+    result, samples = _swap32_pin()
+    pin = [s for s in samples if s.get("phase") == "pin"]
+    base = [s for s in samples if s["t"] < pin[0]["t"]][-1]
+    cal = result["calibration"]
+    tr = Tracker(size_bytes=result["expected_pages"] * 4096, basis="vm:hostpin_progress_pages",
+                 pids=set(pin[0]["procs"]), clean_pages_s=cal["bytes"] / 4096 / cal["seconds"])
+    tr.begin(base)
+    pcts = []
+    for s in pin:
+        pcts.append(tr.update(s, in_call=s["t"] <= base["t"] + result["seconds"] + 0.5)["pct"])
+    eta = tr.summary()["eta_at_20pct"]
+    assert 20.0 <= eta["pct"] == min(round(p, 2) for p in pcts if p is not None and p >= 20.0)
+
+
+def test_eta_without_swap_counts_only_the_pages_left():
+    """No pages in swap: the pages left (not all of them) at the window's progress rate. Two samples
+    of the recorded matrix16 fault-in run (register, THP on), a total of 16 GiB."""
+    run = FIXTURES / "h200-repro-matrix16/cases/register-thpon-pfoff"
+    samples = [json.loads(line) for line in (run / "timeline.jsonl").read_text().splitlines()]
+    window = [s for s in samples if s.get("phase") == "pin"][:3]
+    assert len(window) >= 2
+    eta = estimate_eta(window, 1_000_000, 4_194_304, 0, progress_rate=2_000_000.0)
+    assert eta["eta_s"] == pytest.approx((4_194_304 - 1_000_000) / 2_000_000)
+    assert "3,194,304 pages left" in eta["eta_basis"]
+
+
+def test_cleanup_undoes_in_reverse_order(tmp_path):
+    """A directory made, then a file in it: the file goes first, so the directory can go."""
+    from repro.cleanup import Cleanup
+    d = tmp_path / "made"
+    d.mkdir()
+    cl = Cleanup()
+    cl.push("directory", lambda: os.rmdir(d))
+    (d / "swapfile").write_bytes(b"x")
+    cl.push("file", lambda: os.unlink(d / "swapfile"))
+    log = cl.run_all()
+    assert [e["undo"] for e in log] == ["file", "directory"] and all(e["ok"] for e in log), log
+    assert not d.exists()
+
+
+def test_cleanup_keeps_undoing_after_one_undo_fails(tmp_path):
+    """An undo that raises (the file was already gone) is recorded; the ones before it still run."""
+    from repro.cleanup import Cleanup
+    kept = tmp_path / "kept"
+    kept.write_bytes(b"x")
+    cl = Cleanup()
+    cl.push("remove kept", lambda: os.unlink(kept))
+    cl.push("remove missing", lambda: os.unlink(tmp_path / "missing"))
+    log = cl.run_all()
+    assert [e["undo"] for e in log] == ["remove missing", "remove kept"]
+    assert not log[0]["ok"] and "FileNotFoundError" in log[0]["problems"][0] and log[1]["ok"]
+    assert not kept.exists()
+
+
+def test_a_zombie_owner_is_dead():
+    """A child that exited and was not reaped yet (state Z) owns nothing: its leftovers may go."""
+    import time
+    from diag.leftovers import owner_alive
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):
+            state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.01)
+        assert state == "Z"
+        assert not owner_alive(pid)
+        assert owner_alive(os.getpid())
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_a_reused_pid_does_not_keep_old_leftovers():
+    """A leftover made a day before its owner's pid started belongs to an earlier process with that pid."""
+    import time
+    from diag.leftovers import owner_alive
+    assert owner_alive(os.getpid(), made_at=time.time())
+    assert not owner_alive(os.getpid(), made_at=time.time() - 86400)
+
+
+def test_a_run_file_hard_linked_from_outside_is_not_read(tmp_path):
+    """A copied run whose result.json is a second name of a file outside it: refused, exit 3."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "ci-preflight", run, symlinks=True)
+    outside = tmp_path / "outside.json"
+    outside.write_text((run / "result.json").read_text())
+    (run / "result.json").unlink()
+    os.link(outside, run / "result.json")
+    from diag.confined import PathRefused, open_dir
+    with open_dir(run) as d:
+        with pytest.raises(PathRefused, match="2 hard links"):
+            d.read_bytes("result.json")
+        assert d.read_bytes("manifest.json")
+
+
+def test_a_directory_link_inside_a_run_is_not_followed(tmp_path):
+    """root/proc of a copied run replaced by a link to another tree's proc: nothing under it is read."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "ci-preflight", run, symlinks=True)
+    other = tmp_path / "other"
+    shutil.copytree(run / "root" / "proc", other)
+    shutil.rmtree(run / "root" / "proc")
+    (run / "root" / "proc").symlink_to(other, target_is_directory=True)
+    from diag.confined import PathRefused, open_dir
+    with open_dir(run) as d:
+        with pytest.raises(PathRefused, match="symbolic link"):
+            d.read_bytes("root/proc/meminfo")
+
+
+def test_a_finished_run_with_a_file_added_later_is_not_bundled(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "ci-preflight", run, symlinks=True)
+    (run / "notes.txt").write_text("added after the run\n")
+    r = hostpin("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
+    assert r.returncode == 3 and "notes.txt" in r.stderr and "cannot be vouched for" in r.stderr, r.stderr
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_strict_makes_a_warning_exit_1():
+    """The H200 snapshot, 2 x 60 GiB: fits under the margin, a WARN; --strict turns it into exit 1."""
+    plan = Plan(size_bytes=60 * G, ranks=2)
+    assert result_dict(run_preflight(plan, GPU_SNAPSHOT, cuda="captured"))["exit_code"] == 0
+    strict = result_dict(run_preflight(plan, GPU_SNAPSHOT, cuda="captured", strict=True))
+    assert strict["status"] == "warn" and strict["exit_code"] == 1
