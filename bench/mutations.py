@@ -3,9 +3,8 @@
 
 The issue that introduced the catalog found ten one-line mutations that survived the suite; issue 23
 added nine behaviours no test caught and twenty more mutations of other kinds (their tests are in
-tests/test_mutation_kills.py). Each is
-applied here to a temporary copy of the source tree, the named tests run against that copy, and the
-mutation must make them fail. A mutation whose original line is no longer in the source fails the
+tests/test_mutation_kills.py). Each is applied here to a temporary copy of the source tree, the named
+tests run against that copy, and the mutation must make them fail. A mutation whose original line is no longer in the source fails the
 script too (the code moved: update the mutation, do not drop it). Tests that skip on this machine
 (root, cgroups) are reported as such, not as killed.
 

@@ -79,7 +79,7 @@ def test_driver_pools_boundary_inside_the_major_version(tree):
 # -- 3: cgroup v1, memsw limit equal to the memory limit forbids swap -------------------------------
 def test_cgroup_v1_memsw_equal_to_the_limit_cannot_swap(tree):
     """The CI snapshot (cgroup v1) with 30 GiB in swap: the leaf with memory.memsw.limit_in_bytes equal
-    to memory.limit_in_bytes (the v1 way to forbid swap) cannot swap; one byte-page more and it can."""
+    to memory.limit_in_bytes (the v1 way to forbid swap) cannot swap; one page more and it can."""
     t = tree(CI_SNAPSHOT)
     with_swap(t, 64, 30)
     leaf = ci_leaf(t)
@@ -440,20 +440,19 @@ def test_a_zombie_owner_is_dead():
     """A child that exited and was not reaped yet (state Z) owns nothing: its leftovers may go."""
     import time
     from diag.leftovers import owner_alive
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
+    child = subprocess.Popen(["true"])
     try:
-        for _ in range(200):
-            state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+        state = None
+        for _ in range(500):
+            state = open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0]
             if state == "Z":
                 break
             time.sleep(0.01)
         assert state == "Z"
-        assert not owner_alive(pid)
+        assert not owner_alive(child.pid)
         assert owner_alive(os.getpid())
     finally:
-        os.waitpid(pid, 0)
+        child.wait()
 
 
 def test_a_reused_pid_does_not_keep_old_leftovers():
