@@ -4,9 +4,9 @@
 The issue that introduced the catalog found ten one-line mutations that survived the suite; issue 23
 added nine behaviours no test caught and twenty more mutations of other kinds (their tests are in
 tests/test_mutation_kills.py). Each is applied here to a temporary copy of the source tree, the named
-tests run against that copy, and the mutation must make them fail. A mutation whose original line is no longer in the source fails the
-script too (the code moved: update the mutation, do not drop it). Tests that skip on this machine
-(root, cgroups) are reported as such, not as killed.
+tests run against that copy, and the mutation must make them fail. A mutation whose original line is
+no longer in the source fails the script too (the code moved: update the mutation, do not drop it).
+Tests that skip on this machine (root, cgroups) are reported as such, not as killed.
 
     flock /tmp/hostpin-live.lock .venv/bin/python bench/mutations.py         # all, as root (42: 6 minutes on
                                                                              # the shared 2-core CI machine)
@@ -105,28 +105,34 @@ MUTATIONS = [
              '        return 8 if "mem_cgroup" in str((evidence or {}).get("frame") or "") else 12',
              [K + "test_reclaim_names_headroom_on_the_node_and_the_limit_in_a_cgroup"]),
     Mutation("eta-swap-counted-twice", "the ETA counting pages still in swap again at the clean rate",
-             "diag/watch/bounds.py", "max(0, expected_pages - done_pages - left)", "max(0, expected_pages - done_pages)",
+             "diag/watch/bounds.py", "max(0, expected_pages - done_pages - left)",
+             "max(0, expected_pages - done_pages)",
              [K + "test_eta_arithmetic_counts_pages_in_swap_once"]),
     Mutation("bundle-follows-run-link", "hostpin bundle LINK following the link to the run", "diag/bundle.py",
-             "        d = open_dir(run_dir, limits, follow_last=False)", "        d = open_dir(run_dir, limits, follow_last=True)",
+             "        d = open_dir(run_dir, limits, follow_last=False)",
+             "        d = open_dir(run_dir, limits, follow_last=True)",
              [K + "test_bundle_refuses_a_run_named_through_a_symlink"]),
     Mutation("swapon-failure-leaves-file", "a swap file whose swapon failed left behind", "repro/swapfile.py",
-             "            err = ctypes.get_errno()\n            self.path.unlink(missing_ok=True)\n            raise SwapError(f\"swapon",
+             "            err = ctypes.get_errno()\n            self.path.unlink(missing_ok=True)\n"
+             "            raise SwapError(f\"swapon",
              "            err = ctypes.get_errno()\n            raise SwapError(f\"swapon",
-             [K + "test_a_swap_file_that_swapon_refused_is_removed"]),
+             [K + "test_a_swap_file_that_swapon_refused_is_removed",
+              K + "test_make_swap_on_tmpfs_exits_3_and_leaves_nothing"]),
     # issue 23: twenty more, of kinds the ones above do not cover
     Mutation("zswap-fraction-ignored", "pages held by zswap predicted at the device's rate", "diag/checks/memory.py",
              "    fast_fraction = min(1.0, zswapped / used) if used else 0.0", "    fast_fraction = 0.0",
              [K + "test_zswapped_pages_come_back_at_the_zswap_rate"]),
     Mutation("fastest-swap-device", "the fastest swap device in use taken to set the pace", "diag/checks/memory.py",
-             "        slow = min(rates, key=lambda x: x.pages_per_s)", "        slow = max(rates, key=lambda x: x.pages_per_s)",
+             "        slow = min(rates, key=lambda x: x.pages_per_s)",
+             "        slow = max(rates, key=lambda x: x.pages_per_s)",
              [K + "test_the_slowest_swap_device_in_use_sets_the_pace"]),
     Mutation("swap-overflow-uncapped", "the overflow into swap not capped at the region", "diag/checks/memory.py",
              "        overflow = min(region, r.need_bytes - r.available_bytes)",
              "        overflow = r.need_bytes - r.available_bytes",
              [K + "test_the_overflow_into_swap_is_at_most_the_region"]),
     Mutation("own-swap-ignored", "the pinning cgroup's own swap ignored under the node threshold",
-             "diag/checks/memory.py", "    if used > SWAP_IN_USE_THRESHOLD or own:", "    if used > SWAP_IN_USE_THRESHOLD:",
+             "diag/checks/memory.py", "    if used > SWAP_IN_USE_THRESHOLD or own:",
+             "    if used > SWAP_IN_USE_THRESHOLD:",
              [K + "test_the_pinning_cgroup_s_own_swap_warns_below_the_node_threshold"]),
     Mutation("pages-rounded-down", "a region's page count rounded down", "diag/checks/memory.py",
              "    pages = -(-plan.size_bytes // ctx.page_size) * plan.ranks",
@@ -161,7 +167,8 @@ MUTATIONS = [
              "                what, undo = self._actions.pop()", "                what, undo = self._actions.pop(0)",
              [K + "test_cleanup_undoes_in_reverse_order"]),
     Mutation("cleanup-stops-at-a-failed-undo", "one failing undo stops the rest", "repro/cleanup.py",
-             '                except Exception as exc:  # keep undoing the rest\n                    problems = [f"{type(exc).__name__}: {exc}"]',
+             "                except Exception as exc:  # keep undoing the rest\n"
+             '                    problems = [f"{type(exc).__name__}: {exc}"]',
              "                except Exception as exc:  # keep undoing the rest\n                    raise",
              [K + "test_cleanup_keeps_undoing_after_one_undo_fails"]),
     Mutation("zombie-owner-alive", "a zombie owner keeps its leftovers", "diag/leftovers.py",

@@ -507,3 +507,20 @@ def test_strict_makes_a_warning_exit_1():
     assert result_dict(run_preflight(plan, GPU_SNAPSHOT, cuda="captured"))["exit_code"] == 0
     strict = result_dict(run_preflight(plan, GPU_SNAPSHOT, cuda="captured", strict=True))
     assert strict["status"] == "warn" and strict["exit_code"] == 1
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounts a tmpfs and makes a swap file (root)")
+def test_make_swap_on_tmpfs_exits_3_and_leaves_nothing(tmp_path):
+    """`repro register --make-swap 64MiB --swap-dir TMPFS`: one line, exit 3, no file left in the tmpfs
+    (it would hold the whole 64 MiB in RAM)."""
+    mnt = tmp_path / f"hostpin-tmpfs-{uuid.uuid4().hex[:8]}"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2G", f"hostpin-test-{mnt.name}", str(mnt)], check=True)
+    try:
+        r = hostpin("repro", "register", "--size", "16MiB", "--method", "mlock", "--make-swap", "64MiB",
+                    "--swap-dir", str(mnt), "--out", str(tmp_path / "runs"))
+        assert r.returncode == 3, (r.stdout, r.stderr)
+        assert "swapon" in r.stderr and "tmpfs" in r.stderr and "Traceback" not in r.stderr
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
