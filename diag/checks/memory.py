@@ -46,7 +46,7 @@ def plan_need(ctx: Context) -> Need | None:
     plan = ctx.plan
     if not plan.size_bytes:
         return None
-    pages = -(-plan.size_bytes // ctx.page_size) * plan.ranks
+    pages = -(-plan.pinned_bytes // ctx.page_size) * plan.ranks
     tables = pages * catalog.DRIVER_BYTES_PER_PAGE if plan.uses_gpu else 0
     cg_extra = pages * CGROUP_BYTES_PER_PAGE if plan.uses_gpu else 0
     reserve = plan.reserve_bytes * plan.ranks
@@ -150,9 +150,19 @@ def headroom(ctx: Context) -> Verdict:
     extra = f" + {format_bytes(need.reserve_bytes)} reserved" if need.reserve_bytes else ""
     head = (f"need {format_bytes(r.need_bytes)} ({plan.describe()}{extra}) against {where} "
             f"{format_bytes(r.available_bytes)}")
+    if plan.torch:
+        # catalog 18: what PyTorch asks the driver for, not what the launcher asked PyTorch for
+        ev["torch"] = plan.torch
+        head = (f"{format_bytes(plan.size_bytes)} asks PyTorch for {format_bytes(plan.pinned_bytes)} pinned: "
+                f"{plan.ranks} x {format_bytes(plan.pinned_bytes)} (need {format_bytes(r.need_bytes)}{extra}) "
+                f"against {where} {format_bytes(r.available_bytes)}")
+        if plan.pinned_bytes != plan.size_bytes:
+            predicted.append(18)
     if r.need_bytes > r.available_bytes:
         remedy = (f"free {format_bytes(r.need_bytes + r.margin_bytes - r.available_bytes)} or shrink the plan: at "
                   f"most {format_bytes(per_rank_fit)} per rank fits with the margin")
+        if plan.torch:
+            remedy += _torch_remedy(plan, per_rank_fit)
         if r.binding == "cgroup":
             remedy += (f"; or raise {'memory.max' if cg.version == 2 else 'memory.limit_in_bytes'} of "
                        f"{ctx.root.display(r.binding_dir)} (every method is charged there: registered pages as the region's own, "
@@ -170,6 +180,17 @@ def headroom(ctx: Context) -> Verdict:
                        f"raise memory.high of {ctx.root.display(r.high_dir)} above the plan, or shrink the plan", ev, predicted)
     return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}", evidence=ev,
                    predicted=predicted)
+
+
+def _torch_remedy(plan, per_rank_fit: int) -> str:
+    """What fits through PyTorch: its requests are powers of two (catalog 18)."""
+    from ..torchalloc import power_of_2_ceil
+    largest = power_of_2_ceil(per_rank_fit + 1) >> 1 if per_rank_fit else 0
+    text = (f" ({'a PyTorch request of at most ' + format_bytes(largest) + ' per rank pins no more than that' if largest else 'nothing fits'}, "
+            f"since PyTorch pins the next power of two: a request just above a power of two pins nearly twice it)")
+    return text + ("; or pin the exact size outside PyTorch's cache (cudaHostAlloc, or mmap + cudaHostRegister, "
+                   "as torch.cuda.cudart().cudaHostRegister does), or from PyTorch 2.13 "
+                   "PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:N below the size")
 
 
 def _swap_holders(limit: int = 5) -> list[dict]:
