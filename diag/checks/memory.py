@@ -107,7 +107,7 @@ def _cgroup_evidence(ctx: Context) -> dict | None:
 
 
 @register("headroom", "Memory headroom for the plan, as the pinning process's cgroup sees it",
-          needs=("meminfo", "cgroup"), catalog=(8, 12, 16))
+          needs=("meminfo", "cgroup"), catalog=(8, 12, 16, 18))
 def headroom(ctx: Context) -> Verdict:
     m, plan = ctx.meminfo, ctx.plan
     if m.available_bytes is None or m.total_bytes is None:
@@ -156,7 +156,8 @@ def headroom(ctx: Context) -> Verdict:
         head = (f"{format_bytes(plan.size_bytes)} asks PyTorch for {format_bytes(plan.pinned_bytes)} pinned: "
                 f"{plan.ranks} x {format_bytes(plan.pinned_bytes)} (need {format_bytes(r.need_bytes)}{extra}) "
                 f"against {where} {format_bytes(r.available_bytes)}")
-        if plan.pinned_bytes != plan.size_bytes:
+        if catalog.entry(18).condition(catalog.Facts(allocator=plan.allocator,
+                                                     torch_rounding_bytes=plan.pinned_bytes - plan.size_bytes)):
             predicted.append(18)
     if r.need_bytes > r.available_bytes:
         remedy = (f"free {format_bytes(r.need_bytes + r.margin_bytes - r.available_bytes)} or shrink the plan: at "
