@@ -130,6 +130,9 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
                                      param_hint="'--method'")
         torch_call = {"hostalloc": "empty", "register": "register", "pin_memory": "pin_memory"}[method]
         method = "hostalloc" if method == "pin_memory" else method
+        if matrix:
+            raise click.BadParameter("--matrix runs the cuda-bindings methods; give one --method with --allocator "
+                                     "torch", param_hint="'--matrix'")
     elif method == "pin_memory":
         raise click.BadParameter("pin_memory is PyTorch's: give --allocator torch", param_hint="'--method'")
     elif python is not None:

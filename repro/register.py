@@ -243,7 +243,16 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
     if opts.allocator == "torch":
         opts.torch_version = check_torch(opts.python or sys.executable)
         result["options"]["torch_version"] = opts.torch_version
-        result["torch"] = opts.torch_request.to_dict()
+        req = opts.torch_request
+        result["torch"] = req.to_dict()
+        call = {"empty": "torch.empty(pin_memory=True)", "pin_memory": "Tensor.pin_memory()",
+                "register": "torch.cuda.cudart().cudaHostRegister"}[opts.torch_call]
+        result["notes"].append(
+            f"through PyTorch {opts.torch_version} ({opts.python or sys.executable}): {call} of "
+            f"{format_bytes(opts.size)} per rank" + (" registers exactly that (a tensor over the region)"
+                                                      if opts.torch_call == "register" else
+                                                      f" asks the driver for {format_bytes(req.request_bytes)} "
+                                                      f"({'; '.join(req.rules)})"))
     if opts.uses_gpu and not read_nvidia(Root("/")).loaded:
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: --method "
                       f"{opts.method} needs one; --method mlock reproduces the kernel side without a GPU")

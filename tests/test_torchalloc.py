@@ -231,6 +231,8 @@ def test_repro_torch_python_option(tmp_path):
                 "--python", python3, "--out", str(tmp_path / "runs"))
     assert r.returncode == 3 and f"PyTorch is not importable by {python3}" in r.stderr, r.stderr
     for args in (("--method", "pin_memory"), ("--python", python3), ("--allocator", "torch", "--method", "mlock"),
+                 ("--allocator", "torch", "--method", "hostalloc", "--matrix"),
+                 ("--allocator", "torch", "--method", "hostalloc", "--register-twice"),
                  ("--allocator", "torch", "--python", str(REPO / "README.md"))):
         r = hostpin("repro", "register", "--size", "64MiB", *args, "--out", str(tmp_path / "runs"))
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
