@@ -192,7 +192,10 @@ def main() -> int:
                "torch_verdict": (tor or {}).get("verdict", err_t[-500:]),
                "oom_kill": ev.get("oom_kill", 0), "memory_peak_bytes": peak, "ranks_failed": failed,
                "rank_results": ranks, "predicted_request_bytes": req.request_bytes, "predicted_method": req.method,
-               "agree": (t_status == "fail") == happened_fail}
+               "agree": (t_status == "fail") == happened_fail,
+               # the rounding as measured: the largest growth of one rank's RssShmem + RssAnon
+               "grew_per_rank_bytes": max((sum((r["result"] or {}).get("grew", {}).get(k, 0) for k in ("RssShmem", "RssAnon"))
+                                           for r in ranks), default=0)}
         report["cases"].append(row)
         log(f"{name}: limit {format_bytes(limit)}; cuda {row['cuda_plan']} need {format_bytes(row['cuda_need_bytes'] or 0)};"
             f" torch {t_status} need {format_bytes(row['torch_need_bytes'] or 0)}; oom_kill {row['oom_kill']}, peak "
@@ -224,12 +227,13 @@ def main() -> int:
 
     (OUT / "torch-rounding.json").write_text(json.dumps(report, indent=2, default=str))
     from tabulate import tabulate
-    rows = [[c["case"], format_bytes(c["limit_bytes"]), f"{c['cuda_plan']} / {c['torch_plan']}",
+    rows = [[c["case"], f"{format_bytes(c['predicted_request_bytes'])} / {format_bytes(c['grew_per_rank_bytes'])}",
+             format_bytes(c["limit_bytes"]), f"{c['cuda_plan']} / {c['torch_plan']}",
              c["torch_need_bytes"], f"{c['torch_margin_bytes']:+,}", c["oom_kill"], format_bytes(c["memory_peak_bytes"]),
              f"{c['ranks'] - c['ranks_failed']}/{c['ranks']}", "yes" if c["agree"] else "NO"]
             for c in report["cases"] if "skipped" not in c]
     print()
-    print(tabulate(rows, headers=["case", "memory.max", "plan cuda / torch", "torch need_bytes", "torch margin B",
+    print(tabulate(rows, headers=["case", "rank: planned / grew", "memory.max", "plan cuda / torch", "torch need_bytes", "torch margin B",
                                   "oom_kill", "memory.peak", "ranks done", "agree"]))
     p = report["pin_memory_swap"]
     print(f"\nTensor.pin_memory() 16 GiB, 2 GiB in swap: {p.get('outcome')} bound={p.get('bound')} "
