@@ -107,6 +107,14 @@ class ReproOptions:
                                        conf_source="hostpin's environment (the child inherits it)")
 
     @property
+    def driver_method(self) -> str:
+        """How the driver pins: PyTorch's settings decide for torch.empty and Tensor.pin_memory()
+        (pinned_use_cuda_host_register: malloc + cudaHostRegister, pins outstanding, else cudaHostAlloc)."""
+        if self.allocator == "torch" and self.torch_call != "register":
+            return self.torch_request.method
+        return self.method
+
+    @property
     def pinned_size(self) -> int:
         """Per rank, what the driver pins: the size, or PyTorch's rounded request."""
         if self.allocator == "torch" and self.torch_call != "register":
@@ -157,7 +165,7 @@ def validate(opts: ReproOptions) -> None:
     if opts.read_rate and opts.swap_in_rate and opts.read_rate != opts.swap_in_rate:
         raise ReproUsageError("--read-rate and --swap-in-rate differ; give one (--swap-in-rate is --read-rate for "
                               "a region in swap)")
-    if opts.read_rate and opts.method == "hostalloc":
+    if opts.read_rate and opts.method == "hostalloc" and opts.torch_call != "pin_memory":
         raise ReproUsageError("--read-rate does not apply to --method hostalloc (the driver's pages are never read "
                               "from a device)")
     if opts.read_rate and opts.file_path and not os.path.isfile(opts.file_path):
@@ -210,7 +218,7 @@ def throttle_devices(opts: ReproOptions, swaps: list[str]) -> list[str]:
 def safety(opts: ReproOptions) -> dict | None:
     """A refusal (with the numbers) when the node cannot take the run, else None."""
     req = opts.torch_request
-    plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.method, thp=opts.thp, margin=opts.margin,
+    plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.driver_method, thp=opts.thp, margin=opts.margin,
                 chunk_bytes=opts.chunk, allocator=opts.allocator,
                 torch=req.to_dict() if req is not None and opts.torch_call != "register" else None,
                 # Tensor.pin_memory(): the source stays resident beside its pinned copy
@@ -329,7 +337,7 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     for rank in range(opts.ranks):
         join = cgroups[rank].join_files() if cgroups[rank] else []
         children.append(spawn_child(spec, rank, run, prefix, join))
-    sup = Supervisor(run, prefix, children, opts.method, opts.pinned_size * opts.ranks, interval=opts.interval,
+    sup = Supervisor(run, prefix, children, opts.driver_method, opts.pinned_size * opts.ranks, interval=opts.interval,
                      stall_after=opts.stall_after, deadline=opts.deadline, on_tick=on_tick)
     state["sup"] = sup
     try:
