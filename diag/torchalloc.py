@@ -22,9 +22,10 @@ written down from PyTorch's source, with the release each one holds from:
   (pytorch/pytorch#171662, January 2026; measured by others on 2.13). hostpin applies them from 2.13
   only: on older releases the option is not known to exist and the rounded figure is the larger one.
 - Freed blocks stay pinned in the cache until `torch._C._host_emptyCache()`.
-- The settings come from `PYTORCH_CUDA_ALLOC_CONF`; from 2.9 also from `PYTORCH_ALLOC_CONF`
-  (c10/core/AllocatorConfig.cpp `AcceleratorAllocatorConfig`). Releases differ in which of the two
-  wins when both are set; hostpin then plans with the larger request of the two.
+- The settings come from `PYTORCH_CUDA_ALLOC_CONF`; from 2.8 also from `PYTORCH_ALLOC_CONF`
+  (c10/core/AllocatorConfig.cpp `AcceleratorAllocatorConfig`), whose CUDA options were ignored until
+  2.11 (pytorch#183387: 2.9.1). Releases differ in which of the two wins when both are set; hostpin
+  then plans with the larger request of the two (and, before 2.11, with and without PYTORCH_ALLOC_CONF).
 
 An unknown version gets the rules of every release since 1.11 (rounding): it is the larger figure,
 so a plan can refuse a launch that would have fit, never pass one that is OOM-killed.
@@ -56,14 +57,17 @@ RULES: tuple[tuple[tuple[int, int], str, str, str], ...] = (
     ((0, 0), "pinned_reserve_segment_size_mb", "one segment of N MiB pinned at the first allocation, never "
      "freed; requests that fit are carved from it (first release not dated: applied whenever given)",
      "aten/src/ATen/cuda/CachingHostAllocator.cpp get_reserve_segment"),
-    ((2, 9), "PYTORCH_ALLOC_CONF", "read besides PYTORCH_CUDA_ALLOC_CONF; when both are set the larger "
-     "request of the two is planned", "c10/core/AllocatorConfig.cpp AcceleratorAllocatorConfig"),
+    ((2, 8), "PYTORCH_ALLOC_CONF", "read besides PYTORCH_CUDA_ALLOC_CONF (which then warns it is deprecated); "
+     "CUDA options given there were ignored until 2.11 (pytorch#183387), so 2.8-2.10 are planned with and without "
+     "it, and with both names set the larger request is planned", "c10/core/AllocatorConfig.cpp "
+     "AcceleratorAllocatorConfig; pytorch#167659, #183387"),
     ((2, 13), "pinned_max_round_threshold_mb", "requests above N MiB are not rounded, only aligned to 512 B",
      "aten/src/ATen/core/CachingHostAllocator.h allocate; pytorch#171662"),
     ((2, 13), "pinned_max_cached_size_mb", "blocks above N MiB are freed at once instead of cached; "
      "no size change", "aten/src/ATen/core/CachingHostAllocator.h free; pytorch#171662"),
 )
 _SINCE = {name: since for since, name, _, _ in RULES}
+ALLOC_CONF_HONOURED = (2, 11)  # pytorch#183387: 2.9.1 read PYTORCH_ALLOC_CONF but ignored CUDA options in it
 
 
 def parse_version(text: str | None) -> tuple[int, int, int] | None:
@@ -254,13 +258,19 @@ def plan_request(size_bytes: int, chunk_bytes: int | None = None, version: str |
         notes.append(f"PyTorch version {'not known' if version is None else repr(version) + ' not understood'}: "
                      "the rules of every release since 1.11 are applied (rounding to a power of two), the larger "
                      "figure; give --torch-version to say which")
+    uncertain = False
     if "PYTORCH_ALLOC_CONF" in confs and known and v < _SINCE["PYTORCH_ALLOC_CONF"]:
-        notes.append("PYTORCH_ALLOC_CONF is ignored: PyTorch reads it from 2.9 only")
+        notes.append("PYTORCH_ALLOC_CONF is ignored: PyTorch reads it from 2.8 only")
         confs.pop("PYTORCH_ALLOC_CONF")
+    elif "PYTORCH_ALLOC_CONF" in confs and (not known or v < ALLOC_CONF_HONOURED):
+        uncertain = "PYTORCH_CUDA_ALLOC_CONF" not in confs
+        notes.append("PYTORCH_ALLOC_CONF: releases before 2.11 could ignore CUDA options given there "
+                     "(pytorch#183387): planned with and without it, the larger request")
     parsed = {name: parse_alloc_conf(text) for name, text in confs.items()}
     calls = _calls(size_bytes, chunk_bytes)
     candidates = []
-    for name, conf in (parsed.items() or [("", AllocConf())]):
+    options = list(parsed.items()) + ([("", AllocConf())] if uncertain or not parsed else [])
+    for name, conf in options:
         made, pinned, rules = _request(calls, conf, v, known)
         register = conf.use_host_register and (not known or v >= _SINCE["pinned_use_cuda_host_register"])
         candidates.append((pinned, name, conf, made, rules, register))

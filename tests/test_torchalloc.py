@@ -65,12 +65,19 @@ def test_threshold_aligns_to_512_bytes():
 
 
 def test_alloc_conf_names_by_version():
-    # PYTORCH_ALLOC_CONF is read from 2.9; when both names are set and differ the larger request is planned
+    # PYTORCH_ALLOC_CONF is read from 2.8, its CUDA options honoured from 2.11 (before: planned with and
+    # without it); when both names are set and differ the larger request is planned
     register = "pinned_use_cuda_host_register:True"
-    old = plan_request(gib(5), version="2.8.0", confs={"PYTORCH_ALLOC_CONF": "pinned_reserve_segment_size_mb:65536"})
-    assert old.request_bytes == 8 * GiB and any("2.9" in n for n in old.notes)
-    new = plan_request(gib(5), version="2.9.0", confs={"PYTORCH_ALLOC_CONF": "pinned_reserve_segment_size_mb:65536"})
-    assert new.request_bytes == 64 * GiB
+    reserve = {"PYTORCH_ALLOC_CONF": "pinned_reserve_segment_size_mb:65536"}
+    old = plan_request(gib(5), version="2.7.1", confs=reserve)
+    assert old.request_bytes == 8 * GiB and any("2.8" in n for n in old.notes)
+    assert plan_request(gib(5), version="2.9.1", confs=reserve).request_bytes == 64 * GiB   # the larger of the two
+    shrink = {"PYTORCH_ALLOC_CONF": "pinned_max_round_threshold_mb:1024"}
+    assert plan_request(gib(5), version="2.13.0", confs=shrink).request_bytes == gib(5)   # honoured: exact
+    new = plan_request(gib(5), version="2.11.0", confs={"PYTORCH_ALLOC_CONF": register})
+    assert new.method == "register" and not any("183387" in n for n in new.notes)
+    maybe = plan_request(gib(5), version="2.9.1", confs={"PYTORCH_ALLOC_CONF": register})
+    assert any("183387" in n for n in maybe.notes)
     both = plan_request(gib(5), version="2.11.0", confs={"PYTORCH_CUDA_ALLOC_CONF": register,
                                                           "PYTORCH_ALLOC_CONF": "pinned_reserve_segment_size_mb:16384"})
     assert both.request_bytes == 16 * GiB and both.conf_source == "PYTORCH_ALLOC_CONF"
