@@ -195,7 +195,11 @@ def _verdict(plan: Plan, results, status: str) -> str:
     if plan.torch and plan.size_bytes:
         what = (f"pin {plan.ranks} x {format_bytes(plan.size_bytes)} through PyTorch ({format_bytes(plan.pinned_bytes)} "
                 f"pinned each by {plan.method})")
-    return _verdict_text(plan, results, status, what, errors, fails, warns) + _torch_rules(plan)
+    text = _verdict_text(plan, results, status, what, errors, fails, warns)
+    head = next((v for c, v in results if c.id == "headroom"), None)
+    if plan.torch and plan.size_bytes and status in (PASS, WARN) and head is not None and head.status != SKIP:
+        text += f" ({head.summary})"  # in words: what PyTorch asks for, against what
+    return text + _torch_rules(plan)
 
 
 def _torch_rules(plan: Plan) -> str:

@@ -142,6 +142,7 @@ def test_preflight_torch_passes_where_the_rounded_plan_fits(preflight):
     r, d = preflight("--size", "30GiB", "--ranks", "2", "--allocator", "torch", "--torch-version", "2.11.0")
     assert r.returncode == 0 and d["status"] in ("pass", "warn"), r.stdout
     assert d["need_bytes"] == _need(32 * GiB, 2)
+    assert "30 GiB asks PyTorch for 32 GiB pinned: 2 x 32 GiB" in d["verdict"]
     # PyTorch 1.10 does not round: the same plan as CUDA's
     r, d = preflight("--size", "47.2GiB", "--ranks", "2", "--allocator", "torch", "--torch-version", "1.10.2")
     assert r.returncode == 0 and d["need_bytes"] == _need(gib(47.2), 2), r.stdout

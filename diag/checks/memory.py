@@ -187,8 +187,9 @@ def _torch_remedy(plan, per_rank_fit: int) -> str:
     """What fits through PyTorch: its requests are powers of two (catalog 18)."""
     from ..torchalloc import power_of_2_ceil
     largest = power_of_2_ceil(per_rank_fit + 1) >> 1 if per_rank_fit else 0
-    text = (f" ({'a PyTorch request of at most ' + format_bytes(largest) + ' per rank pins no more than that' if largest else 'nothing fits'}, "
-            f"since PyTorch pins the next power of two: a request just above a power of two pins nearly twice it)")
+    fits = (f"a PyTorch request of at most {format_bytes(largest)} per rank pins no more than that" if largest
+            else "no PyTorch request fits")
+    text = f" ({fits}, since PyTorch pins the next power of two: a request just above one pins nearly twice it)"
     return text + ("; or pin the exact size outside PyTorch's cache (cudaHostAlloc, or mmap + cudaHostRegister, "
                    "as torch.cuda.cudart().cudaHostRegister does), or from PyTorch 2.13 "
                    "PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:N below the size")
