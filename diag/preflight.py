@@ -120,12 +120,14 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
 
     if ctx.meminfo is None or ctx.meminfo.total_bytes is None or ctx.state("meminfo") != OK:
         join_probe()
+        damaged = ctx.meminfo is not None and (ctx.state("meminfo") in (OK, DAMAGED))
         what = ctx.describe("meminfo") if ctx.state("meminfo") != OK else \
             f"{ctx.root.display('proc/meminfo')} is damaged: it has no readable MemTotal line"
-        return _error_result(plan, root_dir, root, run,
-                             f"cannot evaluate this node: {what}; --root must point at a "
-                             "captured tree (a hostpin snapshot run directory, or a directory holding proc/ and sys/)",
-                             t0)
+        # a meminfo that is there but damaged is the tree's fault, not the --root's
+        hint = ("capture the node again (hostpin snapshot)" if damaged else
+                "--root must point at a captured tree (a hostpin snapshot run directory, or a directory holding "
+                "proc/ and sys/)")
+        return _error_result(plan, root_dir, root, run, f"cannot evaluate this node: {what}; {hint}", t0)
     ctx.cgroup  # a --pid/--cgroup that cannot be found is the caller's error, before any check runs
 
     verdicts: list[tuple[Any, Verdict]] = []
