@@ -26,4 +26,5 @@ timeout -k 5 400 python3 bench/gpu_torch_pinned_rounding.py 2>&1 | tee "$OUT/tor
 echo "driver exit ${PIPESTATUS[0]}"
 find "$W/runs" -maxdepth 2 \( -name result.json -o -name manifest.json \) 2>/dev/null \
   | tar -czf "$OUT/torch-runs.tar.gz" -T - 2>/dev/null
+rm -rf "$W"
 ls -la "$OUT"
