@@ -14,7 +14,8 @@ code  meaning
       does not exist, options that contradict each other)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
-      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
+      limits), no GPU for a CUDA-only command, no torch in the --python of `repro register
+      --allocator torch`, an --out / -o / --prometheus that cannot be
       written, a leftover that `repro cleanup` could not remove. One line names what and why.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
       (`hostpin repro cleanup`, or --ignore-leftovers)

@@ -55,7 +55,7 @@ def plan_need(ctx: Context) -> Need | None:
     plan = ctx.plan
     if not plan.size_bytes:
         return None
-    pages = -(-plan.size_bytes // ctx.page_size) * plan.ranks
+    pages = -(-plan.pinned_bytes // ctx.page_size) * plan.ranks
     tables = pages * catalog.DRIVER_BYTES_PER_PAGE if plan.uses_gpu else 0
     cg_extra = pages * CGROUP_BYTES_PER_PAGE if plan.uses_gpu else 0
     reserve = plan.reserve_bytes * plan.ranks
@@ -119,7 +119,7 @@ def _cgroup_evidence(ctx: Context) -> dict | None:
 
 
 @register("headroom", "Memory headroom for the plan, as the pinning process's cgroup sees it",
-          needs=("meminfo", "cgroup"), catalog=(8, 12, 16))
+          needs=("meminfo", "cgroup"), catalog=(8, 12, 16, 18))
 def headroom(ctx: Context) -> Verdict:
     m, plan = ctx.meminfo, ctx.plan
     if m.available_bytes is None or m.total_bytes is None:
@@ -178,9 +178,20 @@ def headroom(ctx: Context) -> Verdict:
     extra = f" + {format_bytes(need.reserve_bytes)} reserved" if need.reserve_bytes else ""
     head = (f"need {format_bytes(r.need_bytes)} ({plan.describe()}{extra}) against {where} "
             f"{format_bytes(r.available_bytes)}")
+    if plan.torch:
+        # catalog 18: what PyTorch asks the driver for, not what the launcher asked PyTorch for
+        ev["torch"] = plan.torch
+        head = (f"{format_bytes(plan.size_bytes)} asks PyTorch for {format_bytes(plan.pinned_bytes)} pinned: "
+                f"{plan.ranks} x {format_bytes(plan.pinned_bytes)} (need {format_bytes(r.need_bytes)}{extra}) "
+                f"against {where} {format_bytes(r.available_bytes)}")
+        if catalog.entry(18).condition(catalog.Facts(allocator=plan.allocator,
+                                                     torch_rounding_bytes=plan.pinned_bytes - plan.size_bytes)):
+            predicted.append(18)
     if r.need_bytes > r.available_bytes:
         remedy = (f"free {format_bytes(r.need_bytes + r.margin_bytes - r.available_bytes)} or shrink the plan: at "
                   f"most {format_bytes(per_rank_fit)} per rank fits with the margin")
+        if plan.torch:
+            remedy += _torch_remedy(plan, per_rank_fit)
         if r.binding == "cgroup":
             remedy += (f"; or raise {'memory.max' if cg.version == 2 else 'memory.limit_in_bytes'} of "
                        f"{ctx.root.display(r.binding_dir)} (every method is charged there: registered pages as the region's own, "
@@ -224,6 +235,18 @@ def headroom(ctx: Context) -> Verdict:
                        "sync the launcher's files before pinning (sync -f FILE), or shrink the plan", ev, predicted)
     return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}{evicts}", evidence=ev,
                    predicted=predicted)
+
+
+def _torch_remedy(plan, per_rank_fit: int) -> str:
+    """What fits through PyTorch: its requests are powers of two (catalog 18)."""
+    from ..torchalloc import power_of_2_ceil
+    largest = power_of_2_ceil(per_rank_fit + 1) >> 1 if per_rank_fit else 0
+    fits = (f"a PyTorch request of at most {format_bytes(largest)} per rank pins no more than that" if largest
+            else "no PyTorch request fits")
+    text = f" ({fits}, since PyTorch pins the next power of two: a request just above one pins nearly twice it)"
+    return text + ("; or pin the exact size outside PyTorch's cache (cudaHostAlloc, or mmap + cudaHostRegister, "
+                   "as torch.cuda.cudart().cudaHostRegister does), or from PyTorch 2.13 "
+                   "PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:N below the size")
 
 
 def _cgroup_reclaim(ctx: Context, need: int) -> dict | None:
