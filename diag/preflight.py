@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import cuda as cuda_mod
-from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict, all_checks
+from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict
+from .checks.suite import all_checks
 from .evidence import RunDir
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
 from .facts import DAMAGED, NOT_CAPTURED, OK, live_node_probe, node_facts

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from diag import catalog
-from diag.checks import ERROR, FAIL, PASS, SKIP, WARN, Plan, all_checks, register
+from diag.checks import ERROR, FAIL, PASS, SKIP, WARN, Plan, register
+from diag.checks.suite import all_checks
 from diag.checks import _REGISTRY
 from diag.checks.memory import CGROUP_BYTES_PER_PAGE
 from diag.preflight import run_preflight

@@ -8,6 +8,9 @@ into the run's evidence, and shared with the run's node facts. The gate fails cl
 - a needed reading missing from a captured tree is "not captured": `error` where the check's
   answer decides the verdict (it can fail this plan, or warn under --strict), else `skip`;
 - a reading the live node does not have (a kernel feature that is off) is the check's to judge.
+
+This package is the registry the check modules import; it imports none of them.
+diag.checks.suite imports every check module and lists them (`all_checks`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..rootfs import Root
 from .. import vmstat
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "ERROR", "STATUS_ORDER", "Verdict", "Check", "Plan", "Context",
-           "register", "all_checks", "METHODS", "never"]
+           "register", "METHODS", "never"]
 
 PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
 STATUS_ORDER = {ERROR: 0, FAIL: 1, WARN: 2, PASS: 3, SKIP: 4}
@@ -100,11 +103,6 @@ def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[in
         _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {}), uses))
         return func
     return wrap
-
-
-def all_checks() -> list[Check]:
-    from . import cotenants, fragmentation, leftovers, memory, platform  # noqa: F401  (registration on import)
-    return list(_REGISTRY)
 
 
 @dataclass
