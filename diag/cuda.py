@@ -61,7 +61,7 @@ def probe() -> dict[str, Any]:
         from cuda.bindings import driver
     except ImportError as exc:
         out.update(status="no_bindings",
-                   message=f"cuda-python is not installed ({exc}); pip install cuda-python")
+                   message=f"cuda-bindings is not installed ({exc}); pip install cuda-bindings")
         return out
     out["bindings_version"] = getattr(cuda.bindings, "__version__", None)
     out["bindings_cuda_version"] = getattr(driver, "CUDA_VERSION", None)
@@ -113,7 +113,7 @@ def probe() -> dict[str, Any]:
     if major_driver and major_bindings and major_driver < major_bindings:
         out.update(status="driver_too_old",
                    message=f"the driver supports CUDA {major_driver}.x but cuda-bindings is built for "
-                           f"{major_bindings}.x; install cuda-python=={major_driver}.* or update the driver")
+                           f"{major_bindings}.x; install cuda-bindings=={major_driver}.* or update the driver")
         return out
     if count == 0:
         out.update(status="no_device", message="the driver sees no CUDA device")
