@@ -278,10 +278,14 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
 
     if as_json and fmt != "table":
         raise click.UsageError("give --json or --format, not both")
+    probe = None
+    if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
+        from .cuda import ProbeRun
+        probe = ProbeRun(cuda_timeout)
+        click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
     from .checks import Plan
     from .checks.suite import all_checks
     from .preflight import run_preflight
-    from .render import render_preflight
     from .results import write_result
 
     known = {c.id for c in all_checks()}
@@ -330,7 +334,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate)
+                                       swap_rate=swap_rate, probe=probe)
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})
@@ -370,6 +374,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
             click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
+        from .render import render_preflight  # tabulate: the table alone needs it, not --json or the gate line
         click.echo(render_preflight(data))
     if prom_error:
         click.echo(f"hostpin: error: {prom_error}", err=True)
