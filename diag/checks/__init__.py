@@ -72,7 +72,8 @@ class Check:
                                "hostpin bug worth a report", evidence={"damaged_fact": fact}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE) and self.decides(ctx):
                 return Verdict(ERROR, f"{state}: {what}; this check decides the verdict for this plan",
-                               f"capture it (hostpin snapshot, as root), or accept the gap with --skip {self.id}",
+                               _GAP_REMEDY.get(fact, f"capture it (hostpin snapshot, as root), or accept the gap "
+                                                     f"with --skip {self.id}"),
                                evidence={"missing_fact": fact, "state": state}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE):
                 return Verdict(SKIP, f"{state}: {what}", evidence={"missing_fact": fact, "state": state},
@@ -90,6 +91,12 @@ class Check:
 
 
 _REGISTRY: list[Check] = []
+
+# a gap that an option fills while the check still runs: --skip would drop the whole check
+_GAP_REMEDY = {
+    "cgroup": "capture it (hostpin snapshot, as root), name the pinner's memory cgroup with --cgroup PATH, or say "
+              "it runs in none with --cgroup none (the check still judges MemAvailable)",
+}
 
 
 def never(plan: "Plan") -> bool:
