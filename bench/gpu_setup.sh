@@ -5,6 +5,7 @@ export PYTHONUNBUFFERED=1
 # pyproject.toml's SPDX license needs setuptools >= 77; the offline install uses the image's own
 python3 -c 'import setuptools; print("setuptools", setuptools.__version__)' 2>&1 | tee "$OUT/setuptools.txt"
 # HP runs from this source tree, so a failed install (an older setuptools) is reported, not fatal
+INSTALLED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-    || { echo "hostpin: the editable install failed (running from the source tree):"; tail -5 "$OUT/install.log"; }
+    || { INSTALLED=0; echo "hostpin: the editable install failed (running from the source tree):"; grep -m3 -i "error" "$OUT/install.log"; }
 HP="python3 -m repro.cli"

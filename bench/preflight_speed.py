@@ -37,6 +37,17 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _bindings_dir() -> str | None:
+    """The directory holding the `cuda` namespace package (site-packages), found without importing cuda.bindings."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("cuda")
+    except (ImportError, ValueError):
+        return None
+    paths = list(spec.submodule_search_locations or []) if spec else []
+    return os.path.dirname(paths[0]) if paths else None
+
+
 def time_cmd(cmd: list[str], runs: int, keep_stdout: bool = False) -> dict:
     env = _env()
     subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm, not counted
@@ -92,8 +103,12 @@ def main() -> None:
             cases["preflight (CUDA probe)"] = plan
         if opts.floor:
             cases.update({"python -c pass": [py, "-c", "pass"], "python -S -c pass": [py, "-S", "-c", "pass"],
-                          "floor: import cuda.bindings + cuInit": [py, "-c", FLOOR_CUINIT],
-                          "probe child: python -m diag.cuda probe": [py, "-m", "diag.cuda", "probe"]})
+                          "floor: import cuda.bindings + cuInit": [py, "-c", FLOOR_CUINIT]})
+            where = _bindings_dir()
+            if where:  # what a probe child started without site (-I -S) would save
+                cases["floor without site (-I -S)"] = [py, "-I", "-S", "-c",
+                                                       f"import sys; sys.path.insert(0, {where!r}); {FLOOR_CUINIT}"]
+            cases["probe child: python -m diag.cuda probe"] = [py, "-m", "diag.cuda", "probe"]
         for name, cmd in cases.items():
             r = time_cmd(cmd, opts.runs, keep_stdout=name.startswith("probe child"))
             if "stdout" in r:
