@@ -22,18 +22,12 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
-from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
+from .cliopts import RANKS, RATE, SIZE, FiniteRange, InputError, json_option, open_run, out_option
+from .units import SIZE_EXAMPLE, SizeError, parse_size
+from .watch.cli import watch as _watch
 
 __all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
-
-
-class InputError(click.ClickException):
-    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
-    exit_code = EXIT_UNEVALUATED
-
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
 
 
 def unexpected(exc: BaseException, head: str) -> str:
@@ -76,54 +70,6 @@ def json_errors(command: str):
     return deco
 
 
-class SizeType(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RateType(click.ParamType):
-    name = "RATE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_rate(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RanksType(click.ParamType):
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        try:
-            n = int(value)
-        except (TypeError, ValueError):
-            n = None
-        if n is None or n < 1:
-            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
-        return n
-
-
-class FiniteRange(click.FloatRange):
-    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if rv != rv or rv in (float("inf"), float("-inf")):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return rv
-
-
-SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
 FLEET_AFTER = 6  # compare: more runs than this read as a fleet summary, not one column per run
 
 
@@ -142,11 +88,6 @@ def _margin(ctx, param, value):
     return text
 
 
-def out_option(f):
-    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
-
-
 def limits_options(f):
     f = click.option("--max-files", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Most files a bundle may hold or a run may list (default 20000).")(f)
@@ -158,29 +99,6 @@ def limits_options(f):
 def _limits(max_size: int | None, max_files: int | None):
     from .confined import Limits
     return Limits.for_total(max_size, max_files)
-
-
-def json_option(f):
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print the result as JSON on stdout (also when it fails).")(f)
-
-
-def open_run(out: Path | None, command: str, durable: bool = False):
-    from .evidence import RunDir, new_run_dir
-    if out is not None and os.path.exists(out) and not os.path.isdir(out):
-        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
-                         "choose another with --out")
-    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
-        path = new_run_dir(out, command)
-        try:
-            return RunDir(path, command, sys.argv, durable=durable)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
-                             "choose another with --out") from None
-    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
-                     "choose another with --out")
 
 
 def _gate_format(argv: list[str]) -> str | None:
@@ -407,9 +325,14 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
 
     if as_json and fmt != "table":
         raise click.UsageError("give --json or --format, not both")
-    from .checks import Plan, all_checks
+    probe = None
+    if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
+        from .cuda import ProbeRun
+        probe = ProbeRun(cuda_timeout)
+        click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
+    from .checks import Plan
+    from .checks.suite import all_checks
     from .preflight import run_preflight
-    from .render import render_preflight
     from .results import write_result
 
     known = {c.id for c in all_checks()}
@@ -465,7 +388,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate)
+                                       swap_rate=swap_rate, probe=probe)
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})
@@ -505,6 +428,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
             click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
+        from .render import render_preflight  # tabulate: the table alone needs it, not --json or the gate line
         click.echo(render_preflight(data))
     if prom_error:
         click.echo(f"hostpin: error: {prom_error}", err=True)
@@ -826,7 +750,5 @@ def _expand_runs(args) -> tuple[list[str], list[dict[str, str]]]:
             out.append(arg)
     return out, bad
 
-
-from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)
 
 cli.add_command(_watch)

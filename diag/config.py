@@ -139,7 +139,7 @@ def _check_value(where: str, command: click.Command, param: click.Option, value:
 
 
 def _check_skip(where: str, names: list[str]) -> None:
-    from .checks import all_checks
+    from .checks.suite import all_checks
     known = {c.id for c in all_checks()}
     for name in names:
         if name not in known:

@@ -6,7 +6,7 @@ import signal
 
 import click
 
-from ..cli import SIZE, json_option, open_run, out_option
+from ..cliopts import SIZE, json_option, open_run, out_option
 from ..exitcodes import EXIT_INTERRUPTED
 from ..units import SIZE_EXAMPLE
 
@@ -69,7 +69,7 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     CMD cannot be run.
     """
     from .attach import WatchOptions
-    from ..results import write_result
+    from ..resultbase import write_result
     from .render import ProgressLine, render_watch
 
     if (pid is None) == (not command):

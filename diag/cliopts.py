@@ -1,0 +1,105 @@
+"""The options and helpers every `hostpin` command line shares (diag.cli, diag.watch.cli, repro.cli):
+sizes, rates and rank counts as parameter types, --out and --json, the run directory, exit 3's error.
+
+Below every CLI module and importing none of them, so the verbs' modules can share it without
+importing each other.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .exitcodes import EXIT_UNEVALUATED
+from .units import SizeError, parse_rate, parse_size
+
+__all__ = ["InputError", "SizeType", "RateType", "RanksType", "FiniteRange", "SIZE", "RATE", "RANKS",
+           "out_option", "json_option", "open_run"]
+
+
+class InputError(click.ClickException):
+    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
+    exit_code = EXIT_UNEVALUATED
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RateType(click.ParamType):
+    name = "RATE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_rate(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RanksType(click.ParamType):
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = None
+        if n is None or n < 1:
+            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
+        return n
+
+
+class FiniteRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
+
+SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
+
+
+def out_option(f):
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as JSON on stdout (also when it fails).")(f)
+
+
+def open_run(out: Path | None, command: str, durable: bool = False):
+    from .evidence import RunDir, new_run_dir
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
+                         "choose another with --out")
+    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
+        path = new_run_dir(out, command)
+        try:
+            return RunDir(path, command, sys.argv, durable=durable)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
+                             "choose another with --out") from None
+    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
+                     "choose another with --out")
