@@ -24,7 +24,7 @@ import click
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
 
 
@@ -100,6 +100,11 @@ class RateType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+MAX_RANKS = 1024     # ranks on one node: far past any GPU count, and repro starts one child per rank
+MAX_SAMPLE_S = 60.0   # --sample: a minute of swap-in demand is plenty, and it holds up every prolog
+MAX_CUDA_TIMEOUT_S = 3600.0  # --cuda-timeout: an hour; past ~2.1e6 s the selector's timer overflows
+
+
 class RanksType(click.ParamType):
     name = "N"
 
@@ -108,8 +113,9 @@ class RanksType(click.ParamType):
             n = int(value)
         except (TypeError, ValueError):
             n = None
-        if n is None or n < 1:
-            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
+        if n is None or not 1 <= n <= MAX_RANKS:
+            self.fail(f"{value!r} is not a rank count; use a whole number from 1 to {MAX_RANKS}, e.g. --ranks 2",
+                      param, ctx)
         return n
 
 
@@ -314,10 +320,10 @@ def cli():
 @click.option("--no-cuda/--cuda", "no_cuda", default=False,
               help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
                    "site file says.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
-              help="Seconds before a hung CUDA probe is killed.")
-@click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
-              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
+@click.option("--sample", type=FiniteRange(min=0, max=MAX_SAMPLE_S), default=1.0, show_default=True,
+              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample; at most 60).")
 @click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
               help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
                    "12000pages/s); default: a figure per kind of device (see the README).")
@@ -462,7 +468,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
               help="Copy a tree from this directory instead of the live machine.")
 @click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
 @click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True)
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
 @json_option
 @out_option
 @json_errors("snapshot")

@@ -114,6 +114,10 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
+        from .swapfile import swap_dir_problem
+        why = swap_dir_problem(swap_dir)
+        if why:
+            raise click.BadParameter(why, param_hint="'--swap-dir'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
@@ -176,7 +180,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
 @click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
               help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
-@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
+@click.option("--settle-max", type=FiniteRange(min=0.2, max=120), default=3.0, show_default=True,
               help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
 @click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option

@@ -28,7 +28,7 @@ from diag.pagesize import live_page_size
 from diag.leftovers import cgroup_name
 
 from .cgroups import CgroupError, RunCgroup, block_device_for, file_device
-from .children import Child, kill_and_wait, spawn_child
+from .children import CHILD_RSS_BYTES, Child, kill_and_wait, spawn_child
 from .cleanup import Cleanup, Interrupted, leftovers_refusal
 from .filecache import FileCacheError, evict
 from .outcome import OUTCOMES, SLOW_FACTOR, exit_code_for, failure_catalog, summarize
@@ -154,7 +154,7 @@ def throttle_devices(opts: ReproOptions, swaps: list[str]) -> list[str]:
 def safety(opts: ReproOptions) -> dict | None:
     """A refusal (with the numbers) when the node cannot take the run, else None."""
     plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.method, thp=opts.thp, margin=opts.margin,
-                chunk_bytes=opts.chunk)
+                chunk_bytes=opts.chunk, reserve_bytes=CHILD_RSS_BYTES)
     ctx = Context(Root("/"), plan, sample_s=0)
     verdict = headroom(ctx)
     if verdict.status in (FAIL, WARN):
