@@ -26,6 +26,7 @@ import click  # noqa: E402
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
                       json_option, open_run, out_option, unexpected)
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
+from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
 __all__ = ["main", "cli"]
@@ -290,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     for s in stops:
         signal.signal(s, _unwind)
     try:
-        _main(args, argv)
+        with guarded_output():  # nothing foreign reaches the terminal raw (diag.safetext)
+            _main(args, argv)
     finally:
         # no signal came: the caller's handlers come back (a caller in the same process, such as a
         # test, must not keep SIG_IGN, which every child it starts would inherit through exec)

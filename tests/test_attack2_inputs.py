@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CI_SNAPSHOT, IS_ROOT, REPO, hostpin
+from conftest import CI_SNAPSHOT, GPU_SNAPSHOT, IS_ROOT, REPO, hostpin
 
 root_only = pytest.mark.skipif(not IS_ROOT, reason="swap files, setpriv and device nodes need root")
 NOBODY = 65534
@@ -226,3 +226,260 @@ def test_14_a_second_signal_within_a_moment_of_the_first_still_ends_in_130_with_
     from diag.leftovers import find_leftovers
     from test_repro import run_owners
     assert [x.describe() for x in find_leftovers() if x.pid in run_owners(run)] == []
+
+
+# -- 5 and 17: foreign text on the terminal, in report.md, in the gate's line ------------------------
+EVIL_RELEASE = "6.18\x1b]0;PWNED\x07\x1b[2J\x1b[H\rhostpin preflight: PASS (spoofed)\nFAKE: all verified\u202e\n"
+RAW = ("\x1b", "\x07", "\r", "\u202e")
+
+
+def _no_raw(text: str, where: str) -> None:
+    assert not [c for c in RAW if c in text], f"{where}: a raw control character: {text[-600:]!r}"
+    assert not [line for line in text.splitlines() if line.lstrip("-| ").startswith("FAKE")], \
+        f"{where}: a forged line: {text[-600:]!r}"
+
+
+def _rehash(run: Path) -> None:
+    """Make a run's manifest agree with an edited file (a forged bundle is self-consistent)."""
+    import hashlib
+    manifest = json.loads((run / "manifest.json").read_text())
+    for e in manifest["entries"]:
+        p = run / e["path"]
+        if p.is_file() and not e.get("skipped"):
+            data = p.read_bytes()
+            e["size"], e["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_5_a_captured_kernel_release_with_escapes_and_newlines_reaches_no_output_raw(tmp_path, tree):
+    t = tree(CI_SNAPSHOT)
+    t.write("proc/sys/kernel/osrelease", EVIL_RELEASE)
+    args = ("preflight", "--root", str(t.path), "--no-cuda", "--size", "1GiB", "--method", "mlock", "--cgroup", "none",
+            "--out", str(tmp_path / "runs"))
+    r = hostpin(*args)
+    assert r.returncode in (0, 1) and "6.18\\x1b]0;PWNED" in r.stdout, r.stderr
+    _no_raw(r.stdout + r.stderr, "preflight text")
+    for fmt in ("line", "npd"):
+        r = hostpin(*args, "--format", fmt)
+        _no_raw(r.stdout, f"--format {fmt}")
+        assert len(r.stdout.splitlines()) == 1
+    snap = hostpin("snapshot", "--root", str(t.path), "--no-cuda", "--out", str(tmp_path / "snaps"))
+    assert snap.returncode == 0, snap.stderr
+    run = next((tmp_path / "snaps").iterdir())
+    for fmt in ("markdown", "text"):
+        out = tmp_path / f"report.{fmt}"
+        r = hostpin("report", str(run), "--format", fmt, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        _no_raw(out.read_text(), f"report --format {fmt}")
+
+
+def test_5_a_forged_verdict_and_host_in_a_run_reach_report_and_compare_as_one_line(tmp_path):
+    snap = hostpin("snapshot", "--root", str(CI_SNAPSHOT / "root"), "--no-cuda", "--out", str(tmp_path / "snaps"))
+    assert snap.returncode == 0, snap.stderr
+    run = next((tmp_path / "snaps").iterdir())
+    result = json.loads((run / "result.json").read_text())
+    result["verdict"] = "captured\nFAKE: all verified\x1b[2J"
+    (run / "result.json").write_text(json.dumps(result))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["host"] = "node\rFAKE: all verified"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    _rehash(run)
+    shutil.copytree(run, tmp_path / "snaps" / (run.name + "-2"))
+    bundle = tmp_path / "b.tar.gz"
+    assert hostpin("bundle", str(run), "-o", str(bundle)).returncode == 0
+    for args in (("report", str(run), "--format", "text"), ("report", str(bundle), "--format", "markdown"),
+                 ("compare", str(run), str(tmp_path / "snaps" / (run.name + "-2")), "--format", "text"),
+                 ("compare", str(tmp_path / "snaps"), "--format", "markdown")):
+        r = hostpin(*args)
+        assert r.returncode in (0, 1), (args, r.stderr)
+        assert "FAKE: all verified" in r.stdout.replace("\\", ""), args  # shown, as text
+        _no_raw(r.stdout + r.stderr, " ".join(args[:1] + args[2:]))
+
+
+@root_only
+@needs_setpriv
+def test_5_a_process_that_names_itself_with_escapes_is_watched_without_them(tmp_path):
+    name = "\\x1b]0;PWN\\x07\\x1b[2J\\nFAKE"
+    target = subprocess.Popen(as_nobody("/usr/bin/python3", "-c",
+                                        f"import ctypes,time; ctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0); "
+                                        "time.sleep(20)"))
+    try:
+        time.sleep(0.5)
+        comm = Path(f"/proc/{target.pid}/comm").read_bytes()
+        assert b"\x1b" in comm  # the kernel keeps the name as given
+        r = hostpin("watch", "--pid", str(target.pid), "--deadline", "1.5", "--out", str(tmp_path / "runs"))
+        assert f"pid {target.pid} (\\x1b]0;PWN" in r.stdout, r.stdout + r.stderr
+        _no_raw(r.stdout + r.stderr, "watch --pid")
+    finally:
+        target.kill()
+        target.wait()
+
+
+def _fence_state(markdown: str) -> list[tuple[str, bool]]:
+    """Each line with whether it is inside a fenced code block (CommonMark: a closing fence is a
+    line of at least as many backticks as the opening one)."""
+    out, opened = [], None
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        ticks = len(stripped) - len(stripped.lstrip("`"))
+        if opened is None and ticks >= 3:
+            opened = ticks
+            out.append((line, True))
+        elif opened is not None and ticks >= opened and stripped == "`" * ticks:
+            opened = None
+            out.append((line, True))
+        else:
+            out.append((line, opened is not None))
+    return out
+
+
+def test_17_a_fence_in_a_captured_file_stays_inside_the_raw_evidence(tmp_path, tree):
+    t = tree(CI_SNAPSHOT)
+    t.write("proc/cmdline", "BOOT_IMAGE=/vmlinuz\n```\n# Injected heading\n![b](http://beacon.example/x.png)\n"
+                            "`````\n## Another\n")
+    snap = hostpin("snapshot", "--root", str(t.path), "--no-cuda", "--out", str(tmp_path / "snaps"))
+    assert snap.returncode == 0, snap.stderr
+    out = tmp_path / "report.md"
+    r = hostpin("report", str(next((tmp_path / "snaps").iterdir())), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = _fence_state(out.read_text())
+    injected = [(line, inside) for line, inside in lines if "Injected" in line or "beacon" in line
+                or line == "## Another"]
+    assert injected and all(inside for _, inside in injected), injected
+
+
+# -- 6: --root TREE reads only inside TREE (and its run), no links, bounded ----------------------------
+def test_6_a_bare_tree_is_read_alone_not_through_a_link_beside_it(tmp_path):
+    case, elsewhere = tmp_path / "case", tmp_path / "elsewhere"
+    shutil.copytree(GPU_SNAPSHOT / "root", case / "tree")
+    elsewhere.mkdir()
+    (elsewhere / "nvidia-smi-apps.txt").write_text("4242, TOPSECRET-outside-the-tree, 1 MiB\n")
+    (elsewhere / "node.json").write_text(json.dumps({"page_size": 65536}))
+    (case / "commands").symlink_to(elsewhere)
+    (case / "probes").symlink_to(elsewhere)
+    r = hostpin("preflight", "--root", str(case / "tree"), "--size", "1GiB", "--no-cuda", "--cgroup", "none",
+                "--json", "--out", str(tmp_path / "runs"))
+    assert "TOPSECRET" not in r.stdout and json.loads(r.stdout)["page_size_source"] != "probes/node.json"
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and b"TOPSECRET" in p.read_bytes()]
+
+
+def test_6_a_run_s_commands_file_hard_linked_or_huge_is_not_read_whole(tmp_path, tree):
+    import resource
+    t = tree(GPU_SNAPSHOT)  # a run's root/ with its manifest beside it: commands/ belongs to the run
+    (t.base / "commands").mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("4242, TOPSECRET-hard-linked, 1 MiB\n")
+    os.link(outside, t.base / "commands" / "nvidia-smi-apps.txt")
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--no-cuda", "--cgroup", "none", "--json",
+                "--out", str(tmp_path / "runs"))
+    assert "TOPSECRET" not in r.stdout, "a hard link to a file outside the run was read"
+    (t.base / "commands" / "nvidia-smi-apps.txt").unlink()
+    with open(t.base / "commands" / "nvidia-smi-apps.txt", "wb") as f:
+        f.truncate(400 << 20)  # sparse: 400 MiB of zeros that cost no disk
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    r = subprocess.run([sys.executable, "-c", "import resource, subprocess, sys; subprocess.run(sys.argv[1:], "
+                        "stdout=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+                        sys.executable, "-m", "repro.cli", "preflight", "--root", str(t.path), "--size", "1GiB",
+                        "--no-cuda", "--cgroup", "none", "--out", str(tmp_path / "runs")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    peak_kib = int(r.stdout.split()[-1])
+    assert before is not None and peak_kib < 200 << 10, f"peak RSS {peak_kib >> 10} MiB reading a 1 MiB-capped file"
+
+
+# -- 10, 22, 24, 29: option bounds -------------------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    ("watch", "--interval", "nan", "--", "true"), ("watch", "--deadline", "nan", "--", "true"),
+    ("watch", "--stall-after", "nan", "--", "true"), ("watch", "--heartbeat", "nan", "--", "true"),
+    ("watch", "--deadline", "inf", "--", "true"),
+    ("repro", "staging", "--settle-max", "nan"),
+    ("preflight", "--sample", "1e9"), ("preflight", "--sample", "1e308"), ("preflight", "--cuda-timeout", "3e6"),
+    ("snapshot", "--cuda-timeout", "1e7"), ("preflight", "--ranks", "100000"),
+    ("repro", "register", "--size", "1TiB", "--method", "mlock", "--ranks", "5000"),  # never allocates: refused
+])
+def test_10_22_24_29_out_of_range_timing_and_count_options_are_a_bad_command_line(tmp_path, args):
+    r = hostpin(*args, "--out", str(tmp_path / "runs"), timeout=30) if args[0] != "watch" else \
+        hostpin(*args[:-2], "--out", str(tmp_path / "runs"), *args[-2:], timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stdout[-300:], r.stderr[-300:])
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_24_repro_s_headroom_counts_each_child_s_own_memory():
+    """256 children cost 4 GiB beside their regions: a plan whose regions fit with 2 GiB to spare is refused
+    (evaluated only: nothing is allocated)."""
+    from diag.checks import Context, Plan
+    from diag.checks.memory import headroom
+    from diag.rootfs import Root
+    from repro.children import CHILD_RSS_BYTES
+    from repro.register import ReproOptions, safety
+    ranks = 256
+    ctx = Context(Root("/"), Plan(size_bytes=4096, ranks=1, method="mlock"), sample_s=0)
+    spare = headroom(ctx).evidence
+    fits = spare["binding_bytes"] - spare["margin_bytes"] - (2 << 30)
+    size = max(4096, fits // ranks // 4096 * 4096)
+    refusal = safety(ReproOptions(size=size, method="mlock", ranks=ranks))
+    assert refusal is not None and refusal["check"] == "headroom", refusal
+    assert refusal["evidence"]["reserve_bytes"] == ranks * CHILD_RSS_BYTES
+
+
+# -- 21 and 28: the site file ------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", [None, "line", "npd"])
+def test_21_a_deeply_nested_site_file_is_a_bad_site_file_in_one_line(tmp_path, fmt):
+    site = tmp_path / "site.toml"
+    site.write_text("a = " + "[" * 5000 + "1" + "]" * 5000 + "\n")
+    r = hostpin("preflight", "--config", str(site), "--no-cuda", "--size", "1GiB", "--out", str(tmp_path / "runs"),
+                *(("--format", fmt) if fmt else ()))
+    assert r.returncode == 2 and "nested too deeply" in r.stderr, r.stderr
+    assert "internal error" not in r.stderr + r.stdout and "RecursionError" not in r.stderr
+    if fmt:
+        assert len(r.stdout.splitlines()) == 1 and r.stdout.startswith("hostpin: not evaluated: ")
+
+
+@root_only
+def test_28_a_device_node_as_the_site_file_is_refused_without_being_opened(tmp_path):
+    import ctypes
+    import struct
+    node = tmp_path / "site.toml"
+    os.mknod(node, 0o600 | 0o020000, os.makedev(1, 3))  # a character device (/dev/null's numbers)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0
+    try:
+        IN_OPEN = 0x20
+        assert libc.inotify_add_watch(fd, str(node).encode(), IN_OPEN) >= 0
+        r = hostpin("preflight", "--config", str(node), "--no-cuda", "--size", "1GiB", "--out",
+                    str(tmp_path / "runs"))
+        assert r.returncode == 2 and "a device, not a file" in r.stderr, r.stderr
+        try:
+            events = os.read(fd, 4096)
+        except BlockingIOError:
+            events = b""
+        opened = [struct.unpack_from("iIII", events, i)[1] & IN_OPEN for i in range(0, len(events), 16)]
+        assert not any(opened), "hostpin opened the device node"
+    finally:
+        os.close(fd)
+
+
+# -- 25: host names are redacted whatever their case --------------------------------------------------
+def test_25_bundle_redact_replaces_the_host_name_in_every_case(tmp_path, tree):
+    t = tree(CI_SNAPSHOT)
+    t.write("proc/sys/kernel/hostname", "gpu-node-17\n")
+    t.write("proc/cmdline", "root=nfs:10.1.2.3:/export/GPU-NODE-17 ip=10.1.2.17::10.1.2.1:255.255.255.0:"
+                            "Gpu-Node-17.cluster.example.com:eth0:off\n")
+    assert hostpin("snapshot", "--root", str(t.path), "--no-cuda", "--out", str(tmp_path / "snaps")).returncode == 0
+    bundle = tmp_path / "red.tar.gz"
+    r = hostpin("bundle", str(next((tmp_path / "snaps").iterdir())), "--redact", "-o", str(bundle))
+    assert r.returncode == 0, r.stderr
+    import tarfile
+    with tarfile.open(bundle) as tar:
+        text = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()).decode(errors="replace")
+    assert "gpu-node-17" not in text.lower(), [line for line in text.splitlines() if "node-17" in line.lower()][:3]
+
+
+# -- 27: --source file: a link to nothing ------------------------------------------------------------
+def test_27_a_dangling_link_as_the_source_file_is_a_bad_command_line(tmp_path):
+    link = tmp_path / "table.bin"
+    link.symlink_to(tmp_path / "nowhere" / "table.bin")
+    r = hostpin("repro", "register", "--size", "4MiB", "--method", "mlock", "--source", f"file:{link}",
+                "--ignore-leftovers", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 2 and "a link to nothing" in r.stderr, (r.returncode, r.stderr)
+    assert not (tmp_path / "nowhere").exists()
