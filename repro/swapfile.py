@@ -88,6 +88,29 @@ class SwapFile:
             return False
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
+    def _current_path(self) -> str | None:
+        """Where the file made here is now, whatever its name became (the kernel's name for the open
+        descriptor, checked against it by device and inode), or None when it has no name left."""
+        try:
+            where = os.readlink(f"/proc/self/fd/{self._fd}")
+            a, b = os.lstat(where), os.fstat(self._fd)
+        except (OSError, TypeError):
+            return None
+        return where if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) else None
+
+    def _unlink_ours(self) -> str | None:
+        """Unlink the file made here under whatever name it has now; the problem, if any."""
+        where = str(self.path) if self._still_named() else self._current_path()
+        if where is None:
+            return None  # already unlinked
+        try:
+            os.unlink(where)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return f"cannot remove {where}: {exc.strerror}"
+        return None if where == str(self.path) else f"{self.path} had been renamed to {where}; removed there"
+
     def _write_record(self) -> None:
         try:
             os.makedirs(self.records, mode=0o700, exist_ok=True)
@@ -116,8 +139,7 @@ class SwapFile:
     def _discard(self) -> None:
         """Close and remove a file that did not become (or is no longer) swap."""
         if self._fd is not None:
-            if self._still_named():
-                self.path.unlink(missing_ok=True)
+            self._unlink_ours()
             os.close(self._fd)
             self._fd = None
         self._forget()
@@ -177,15 +199,9 @@ class SwapFile:
             else:
                 self.active = False
         if not self.active and self._fd is not None:
-            try:
-                if self._still_named():
-                    self.path.unlink()
-                else:
-                    problems.append(f"{self.path} no longer names the swap file made there; nothing unlinked")
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                problems.append(f"cannot remove {self.path}: {exc.strerror}")
+            moved = self._unlink_ours()
+            if moved and moved.startswith("cannot"):
+                problems.append(moved)
             os.close(self._fd)
             self._fd = None
             if not problems:

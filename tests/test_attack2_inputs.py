@@ -483,3 +483,48 @@ def test_27_a_dangling_link_as_the_source_file_is_a_bad_command_line(tmp_path):
                 "--ignore-leftovers", "--out", str(tmp_path / "runs"))
     assert r.returncode == 2 and "a link to nothing" in r.stderr, (r.returncode, r.stderr)
     assert not (tmp_path / "nowhere").exists()
+
+
+@root_only
+def test_2_a_swap_file_renamed_away_before_swapon_is_never_left_active_or_behind(tmp_path, monkeypatch):
+    """The race of the attack, played in-process: just before swapon the file is renamed away and a
+    link to someone else's file put in its place (the kernel refuses a rename once it is swap).
+    What is activated is the file that was made, the swap is switched off again, the file is
+    removed under the name it was moved to, and the other file is untouched."""
+    import repro.swapfile as sf
+    d = tmp_path / "swapdir"
+    d.mkdir(mode=0o700)
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(b"someone else's file")
+    moved: list[Path] = []
+    real = sf._libc
+
+    class Racing:
+        def swapon(self, path, flags):
+            name = next(p for p in d.iterdir() if p.name.startswith("hostpin-swap-"))
+            moved.append(d / f"stolen-{name.name}")
+            os.rename(name, moved[0])
+            name.symlink_to(decoy)
+            return real.swapon(path, flags)
+
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+    monkeypatch.setattr(sf, "_libc", Racing())
+    try:
+        with pytest.raises(sf.SwapError, match="replaced while it was made"):
+            sf.SwapFile(d, 1 << 20).create()
+        assert moved and str(moved[0]) not in Path("/proc/swaps").read_text(), "root's swap file is still active"
+        assert not moved[0].exists(), "root's swap file was left under the name it was moved to"
+        assert decoy.read_bytes() == b"someone else's file"
+    finally:
+        for p in moved:
+            _swapoff_quietly(p)
+
+
+@root_only
+def test_2_swapfile_itself_refuses_a_directory_another_user_owns(shared_dir):
+    from repro.swapfile import SwapError, SwapFile
+    with pytest.raises(SwapError, match=f"belongs to uid {NOBODY}"):
+        SwapFile(shared_dir, 1 << 20).create()
+    assert list(shared_dir.iterdir()) == []
