@@ -22,11 +22,12 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
-from .cliopts import RANKS, RATE, SIZE, FiniteRange, InputError, json_option, open_run, out_option
+from .cliopts import (MAX_CUDA_TIMEOUT_S, MAX_RANKS, MAX_SAMPLE_S, RANKS, RATE, SIZE, FiniteRange, InputError,
+                      json_option, open_run, out_option)
 from .units import SIZE_EXAMPLE, SizeError, parse_size
 from .watch.cli import watch as _watch
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
 
 
@@ -269,10 +270,10 @@ def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
 @click.option("--no-cuda/--cuda", "no_cuda", default=False,
               help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
                    "site file says.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
-              help="Seconds before a hung CUDA probe is killed.")
-@click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
-              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
+@click.option("--sample", type=FiniteRange(min=0, max=MAX_SAMPLE_S), default=1.0, show_default=True,
+              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample; at most 60).")
 @click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
               help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
                    "12000pages/s); default: a figure per kind of device (see the README).")
@@ -440,7 +441,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
               help="Copy a tree from this directory instead of the live machine.")
 @click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
 @click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True)
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
 @json_option
 @out_option
 @json_errors("snapshot")

@@ -51,6 +51,11 @@ class RateType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+MAX_RANKS = 1024     # ranks on one node: far past any GPU count, and repro starts one child per rank
+MAX_SAMPLE_S = 60.0   # --sample: a minute of swap-in demand is plenty, and it holds up every prolog
+MAX_CUDA_TIMEOUT_S = 3600.0  # --cuda-timeout: an hour; past ~2.1e6 s the selector's timer overflows
+
+
 class RanksType(click.ParamType):
     name = "N"
 
@@ -59,8 +64,9 @@ class RanksType(click.ParamType):
             n = int(value)
         except (TypeError, ValueError):
             n = None
-        if n is None or n < 1:
-            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
+        if n is None or not 1 <= n <= MAX_RANKS:
+            self.fail(f"{value!r} is not a rank count; use a whole number from 1 to {MAX_RANKS}, e.g. --ranks 2",
+                      param, ctx)
         return n
 
 

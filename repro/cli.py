@@ -26,6 +26,7 @@ import click  # noqa: E402
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
                       json_option, open_run, out_option, unexpected)
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
+from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
 __all__ = ["main", "cli"]
@@ -123,6 +124,10 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
+        from .swapfile import swap_dir_problem
+        why = swap_dir_problem(swap_dir)
+        if why:
+            raise click.BadParameter(why, param_hint="'--swap-dir'")
     torch_call = None
     if allocator == "torch":
         if method == "mlock":
@@ -203,7 +208,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
 @click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
               help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
-@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
+@click.option("--settle-max", type=FiniteRange(min=0.2, max=120), default=3.0, show_default=True,
               help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
 @click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option
@@ -313,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     for s in stops:
         signal.signal(s, _unwind)
     try:
-        _main(args, argv)
+        with guarded_output():  # nothing foreign reaches the terminal raw (diag.safetext)
+            _main(args, argv)
     finally:
         # no signal came: the caller's handlers come back (a caller in the same process, such as a
         # test, must not keep SIG_IGN, which every child it starts would inherit through exec)

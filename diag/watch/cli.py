@@ -6,7 +6,7 @@ import signal
 
 import click
 
-from ..cliopts import SIZE, json_option, open_run, out_option
+from ..cliopts import SIZE, FiniteRange, json_option, open_run, out_option
 from ..exitcodes import EXIT_INTERRUPTED
 from ..units import SIZE_EXAMPLE
 
@@ -34,14 +34,14 @@ class _Heartbeat:
 @click.option("--size", type=SIZE, default=None,
               help=f"Bytes the pin covers, one call of one process ({SIZE_EXAMPLE}); for percent done and the ETA "
                    "where the process itself does not show the total.")
-@click.option("--interval", type=click.FloatRange(min=0.05, max=10), default=0.5, show_default=True,
+@click.option("--interval", type=FiniteRange(min=0.05, max=10), default=0.5, show_default=True,
               help="Seconds between samples.")
-@click.option("--deadline", type=click.FloatRange(min=1), default=None,
+@click.option("--deadline", type=FiniteRange(min=1), default=None,
               help="Stop watching after this many seconds (default: when the pin returns or the process exits).")
-@click.option("--stall-after", type=click.FloatRange(min=0.5), default=120.0, show_default=True,
+@click.option("--stall-after", type=FiniteRange(min=0.5), default=120.0, show_default=True,
               help="No progress for this long inside a pin: every thread's stack is kept and a line printed "
                    "(the process is left alone).")
-@click.option("--heartbeat", type=click.FloatRange(min=0.5), default=None,
+@click.option("--heartbeat", type=FiniteRange(min=0.5), default=None,
               help="Seconds between stderr lines during a pin phase (launcher form: default 30; --pid: off, a "
                    "terminal gets a live line instead).")
 @json_option
