@@ -24,7 +24,7 @@ SHARED_CLI = {"diag.cliopts", "diag.config"}  # click options every command line
 # The map of the kernel (STYLE.md): each reads its /proc or /sys files and parses them. They sit
 # on the bottom with the plumbing, and import nothing that interprets, decides or renders.
 PLUMBING = {"diag", "diag.parsing", "diag.units", "diag.rootfs", "diag.confined", "diag.evidence",
-            "diag.exitcodes"}
+            "diag.exitcodes", "diag.safetext"}  # safetext: escaping foreign text, imports nothing of ours
 READERS = {"diag.buddyinfo", "diag.cgroup", "diag.cuda", "diag.gpuprocs", "diag.hotplug", "diag.iommu",
            "diag.kernel", "diag.limits", "diag.meminfo", "diag.numa", "diag.nvidia", "diag.pagesize",
            "diag.process", "diag.psi", "diag.swap", "diag.sysctl", "diag.thp", "diag.vmstat", "diag.zoneinfo"}
