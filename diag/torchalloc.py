@@ -267,6 +267,15 @@ def plan_request(size_bytes: int, chunk_bytes: int | None = None, version: str |
         notes.append("PYTORCH_ALLOC_CONF: releases before 2.11 could ignore CUDA options given there "
                      "(pytorch#183387): planned with and without it, the larger request")
     parsed = {name: parse_alloc_conf(text) for name, text in confs.items()}
+    if known:  # a release that does not know a key refuses the whole string at its first pinned allocation
+        for name, conf in parsed.items():
+            for key, given in (("pinned_max_round_threshold_mb", conf.max_round_threshold_bytes),
+                               ("pinned_max_cached_size_mb", conf.max_cached_size_bytes)):
+                if given is not None and v < _SINCE[key]:
+                    raise ValueError(
+                        f"PyTorch {version} refuses {key} in {name or 'the settings'} (\"Unrecognized key '{key}' "
+                        f"in CUDA allocator config\", measured on 2.11): the launcher fails at its first pinned "
+                        f"allocation; the key is read from {'.'.join(map(str, _SINCE[key]))}")
     calls = _calls(size_bytes, chunk_bytes)
     candidates = []
     options = list(parsed.items()) + ([("", AllocConf())] if uncertain or not parsed else [])

@@ -38,7 +38,6 @@ RULES = [
     ("2.1.0", "pinned_use_cuda_host_register:True", gib(5), None, 8 * GiB, "hostalloc"),  # not read before 2.2
     ("2.2.0", "pinned_use_cuda_host_register:True,pinned_num_register_threads:8", gib(5), None, 8 * GiB,
      "register"),                                                        # malloc + cudaHostRegister, still rounded
-    ("2.11.0", "pinned_max_round_threshold_mb:1024", gib(5), None, 8 * GiB, "hostalloc"),  # not before 2.13
     ("2.13.0", "pinned_max_round_threshold_mb:1024", gib(5), None, gib(5), "hostalloc"),   # above it: 512 B aligned
     ("2.13.0", "pinned_max_round_threshold_mb:1024", 512 * MiB + 1, None, GiB, "hostalloc"),  # below it: rounded
     ("2.11.0", "pinned_reserve_segment_size_mb:8192", gib(5), None, 8 * GiB, "hostalloc"),    # carved from reserve
@@ -244,3 +243,17 @@ def test_repro_torch_python_option(tmp_path):
                  ("--allocator", "torch", "--python", str(REPO / "README.md"))):
         r = hostpin("repro", "register", "--size", "64MiB", *args, "--out", str(tmp_path / "runs"))
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_release_before_2_13_refuses_the_threshold_keys():
+    """Measured on the H200 (torch 2.11.0+cu130, bench/gpu_torch_pinned_rounding.sh): a rank with
+    PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:1024 died at torch.empty(..., pin_memory=True)
+    with "ValueError: Unrecognized key 'pinned_max_round_threshold_mb' in CUDA allocator config." and
+    pinned nothing, where hostpin had said PASS. A known release that lacks the key is refused; an
+    unknown release still plans the rounded size (the larger figure)."""
+    for key in ("pinned_max_round_threshold_mb:1024", "pinned_max_cached_size_mb:64"):
+        with pytest.raises(ValueError, match="Unrecognized key"):
+            plan_request(gib(5), version="2.11.0", confs={"PYTORCH_CUDA_ALLOC_CONF": key})
+        plan_request(gib(5), version="2.13.0", confs={"PYTORCH_CUDA_ALLOC_CONF": key})
+    req = plan_request(gib(5), version=None, confs={"PYTORCH_CUDA_ALLOC_CONF": "pinned_max_round_threshold_mb:1024"})
+    assert req.request_bytes == 8 * GiB
