@@ -17,12 +17,19 @@ import time
 from diag.cuda import child_env
 from diag.evidence import RunDir
 
-__all__ = ["Child", "spawn_child", "kill_and_wait", "CHILD_RSS_BYTES"]
+__all__ = ["Child", "spawn_child", "kill_and_wait", "CHILD_RSS_BYTES", "CHILD_RSS_CUDA_BYTES", "child_rss_bytes"]
 
-# What one pinning child costs beside its region: an interpreter with json and ctypes loaded
-# (VmHWM 14.9 MiB beyond a 256 MiB region for --method mlock on the CI machine, bench/gpu_child_rss_and_foreign_text.sh
-# measures the CUDA methods); the headroom check counts it per rank.
-CHILD_RSS_BYTES = 16 << 20
+# What one pinning child costs beside its region (VmHWM beyond a 256 MiB region, measured by
+# bench/gpu_child_rss_and_foreign_text.sh): --method mlock 14.9 MiB on the CI machine and 17.3 MiB on the
+# H200; register and hostalloc 133.2 MiB on the H200 (the CUDA context's host memory). The headroom check
+# counts it per rank, with some room above the figures measured.
+CHILD_RSS_BYTES = 24 << 20        # an mlock child: an interpreter with json and ctypes loaded
+CHILD_RSS_CUDA_BYTES = 160 << 20  # a child that creates a CUDA context (register, hostalloc, PyTorch)
+
+
+def child_rss_bytes(method: str) -> int:
+    """What one child of this method holds beside its region."""
+    return CHILD_RSS_BYTES if method == "mlock" else CHILD_RSS_CUDA_BYTES
 
 
 class Child:

@@ -421,6 +421,14 @@ def test_24_repro_s_headroom_counts_each_child_s_own_memory():
     assert refusal["evidence"]["reserve_bytes"] == ranks * CHILD_RSS_BYTES
 
 
+def test_24_a_cuda_child_counts_its_context():
+    """A child that creates a CUDA context held 133 MiB beside a 256 MiB region on the H200 (VmHWM,
+    bench/gpu_child_rss_and_foreign_text.sh), an mlock child 17 MiB: the reserve follows the method."""
+    from repro.children import CHILD_RSS_BYTES, CHILD_RSS_CUDA_BYTES, child_rss_bytes
+    assert child_rss_bytes("mlock") == CHILD_RSS_BYTES >= 18 << 20
+    assert child_rss_bytes("register") == child_rss_bytes("hostalloc") == CHILD_RSS_CUDA_BYTES >= 134 << 20
+
+
 # -- 21 and 28: the site file ------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", [None, "line", "npd"])
 def test_21_a_deeply_nested_site_file_is_a_bad_site_file_in_one_line(tmp_path, fmt):
