@@ -165,7 +165,19 @@ def json_option(f):
                         help="Print the result as JSON on stdout (also when it fails).")(f)
 
 
-def open_run(out: Path | None, command: str, durable: bool = False):
+def open_run(out: Path | None, command: str, durable: bool = False, keep_going: bool = False):
+    """The command's run directory; InputError when it cannot be made, or with keep_going a run
+    that keeps nothing (RunDir.unkept, its `lost` says why): the command still decides."""
+    if not keep_going:
+        return _open_run(out, command, durable)
+    try:
+        return _open_run(out, command, durable)
+    except InputError as exc:
+        from .evidence import RunDir, new_run_dir
+        return RunDir.unkept(new_run_dir(out, command), command, exc.message, sys.argv)
+
+
+def _open_run(out: Path | None, command: str, durable: bool = False):
     from .evidence import RunDir, new_run_dir
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
@@ -181,6 +193,47 @@ def open_run(out: Path | None, command: str, durable: bool = False):
                              "choose another with --out") from None
     raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
                      "choose another with --out")
+
+
+class GuardedStream:
+    """sys.stdout or sys.stderr, whose failed writes (a full disk under `2>>log`, /dev/full, a closed
+    pipe) are swallowed and remembered: a message that cannot be shown never changes what the
+    command decided, nor its exit code. main() makes stdout's failure exit 3 for a command that
+    had otherwise passed (the output could not be written)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed: str | None = None
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc):
+        if self.failed is None:
+            self.failed = getattr(exc, "strerror", None) or str(exc)
+        try:  # drop what is buffered, so that the interpreter's own flush at exit does not fail again
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+        except OSError:
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def unwritten_exit(code: int) -> int:
+    """The exit code once an output could not be written: what was decided stands (1 a failure, or
+    any code but 0), and a pass becomes 3, "could not write the output"."""
+    return EXIT_UNEVALUATED if code == EXIT_OK else code
 
 
 def _gate_format(argv: list[str]) -> str | None:
@@ -215,6 +268,8 @@ def _not_empty(ctx, param, value):
 
 
 _ANSWERED: int | None = None  # the exit code of a gate line already printed (--format line|npd)
+CALLER_UMASK: int | None = None  # the umask hostpin was started with, before it made its own files private
+COMMAND_EXIT = False  # the exit code is CMD's (`watch -- CMD`): an output that failed does not change it
 
 
 class HostpinGroup(click.Group):
@@ -363,7 +418,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     from .checks import Plan, all_checks
     from .preflight import run_preflight
     from .render import render_preflight
-    from .results import write_result
+    from .confined import PathRefused
+    from .results import result_dict, write_result
 
     known = {c.id for c in all_checks()}
     if "none" in skip:  # clears what came before it (the site file's list, or earlier --skip)
@@ -404,7 +460,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     try:
         plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
                     readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
-        run = open_run(out, "preflight")
+        # the verdict never depends on whether its evidence can be kept: judged all the same
+        run = open_run(out, "preflight", keep_going=True)
         cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
         with evaluating(str(root) if root is not None else "this node"):
             try:
@@ -419,41 +476,46 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     finally:
         if opened is not None:
             opened.close()
-    result.run_dir = str(run.path)
+    result.run_dir = str(run.path) if run.made else None
     prom_error = None
     if prometheus is not None:
-        import stat as _stat
         import time as _time
         from .prometheus import write_textfile
         try:
-            st = os.lstat(prometheus) if os.path.lexists(prometheus) else None
-            if st is not None and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISLNK(st.st_mode)):
-                raise OSError(0, "not a regular file (it is replaced by a rename, so only a file is written)")
             result.prometheus = str(write_textfile(result, prometheus, _time.time()))
-        except OSError as exc:
-            prom_error = f"cannot write {prometheus}: {exc.strerror or exc}"
+        except (OSError, PathRefused) as exc:
+            prom_error = f"cannot write {prometheus}: {getattr(exc, 'strerror', None) or exc}"
             result.errors.append(f"prometheus: {prom_error}")
-            result.status, result.exit_code = "error", EXIT_UNEVALUATED
-            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror or exc})"
+            result.verdict += f"; and the Prometheus file could not be written ({prom_error})"
     from .config import record_config
     record_config(run, result)
     data = write_result(run, result)
+    lost = run.lost
+    if lost:
+        lost = f"the evidence could not be kept ({lost})"
+        result.errors.append(f"evidence: {lost}")
+        result.verdict += f"; {lost}"
+    if lost or prom_error:  # judged first: a failed plan stays 1, a pass whose output was not written is 3
+        result.exit_code = unwritten_exit(result.exit_code)
+        data = result_dict(result)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
         global _ANSWERED
         from .gate import npd_exit_code, short_line, unevaluated_line
         # the cause first: what could not be written, not the verdict it was appended to
-        click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        click.echo(short_line(data))
         # the answer is given: a Ctrl-C from now on must not turn it into "interrupted" (HostpinGroup.main)
         _ANSWERED = npd_exit_code(data) if fmt == "npd" else result.exit_code
-        if data.get("status") not in ("pass", "warn", "fail") or prom_error:
-            click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
+        if data.get("status") not in ("pass", "warn", "fail"):
+            click.echo(f"hostpin: error: {data.get('verdict')}", err=True)  # the whole message
+        for why in filter(None, (prom_error, lost)):
+            click.echo(f"hostpin: error: {why}", err=True)
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
         click.echo(render_preflight(data))
-    if prom_error:
-        click.echo(f"hostpin: error: {prom_error}", err=True)
+    for why in filter(None, (prom_error, lost)):
+        click.echo(f"hostpin: error: {why}", err=True)
     return result.exit_code
 
 
@@ -586,9 +648,9 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                                "written with -o FILE", err=True)
             text = render_report(run, fmt=fmt, picture=picture)
         if output:
-            from .confined import PathRefused, replace_output
-            try:  # a new file renamed over -o: a link there is replaced, a pipe or device refused
-                replace_output(output, text.encode())
+            from .confined import PathRefused, write_output
+            try:  # a new file renamed over -o, or through a pipe or terminal (-, /dev/stdout); a link never replaced
+                write_output(output, text.encode())
             except PathRefused as exc:
                 raise InputError(f"cannot write the report to {output}: {exc}") from None
             except OSError as exc:

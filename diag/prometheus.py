@@ -9,8 +9,6 @@ fields (diag/results.py), never from its sentences. Point node_exporter's
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +72,10 @@ def render_textfile(result: PreflightResult | dict[str, Any], timestamp: float) 
 
 
 def write_textfile(result: PreflightResult | dict[str, Any], path: Path | str, timestamp: float) -> Path:
-    """Write next to the target and rename over it, so node_exporter never reads half a file.
-    The directory must exist (node_exporter's textfile directory): none is ever created
-    (FileNotFoundError). The file is 0644, as node_exporter, another user, must read it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(render_textfile(result, timestamp))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write next to the target and rename over it, so node_exporter never reads half a file (or
+    through a pipe or terminal: `-`, /dev/stdout; a link is never replaced). The directory must
+    exist (node_exporter's textfile directory): none is ever created (FileNotFoundError). The
+    file is 0644, as node_exporter, another user, must read it."""
+    from .confined import write_output
+    write_output(path, render_textfile(result, timestamp).encode(), mode=0o644)
+    return Path(path)

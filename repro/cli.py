@@ -23,8 +23,8 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 
 import click  # noqa: E402
 
-from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
-                      json_option, open_run, out_option, unexpected)
+from diag.cli import (RANKS, RATE, SIZE, FiniteRange, GuardedStream, InputError, _margin, cli,  # noqa: E402
+                      json_errors, json_option, open_run, out_option, unexpected)
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
@@ -297,30 +297,53 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: list[str], argv: list[str] | None) -> None:
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
-    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
-    os.umask(os.umask(0o077) | 0o077)
+    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves.
+    # CMD of `hostpin watch -- CMD` gets the caller's own umask back (diag.watch.launch).
+    from diag import cli as diag_cli
+    diag_cli.CALLER_UMASK = os.umask(0o077)
+    os.umask(diag_cli.CALLER_UMASK | 0o077)
+    # what cannot be shown (stderr on a full disk, /dev/full, a closed pipe) never changes the answer
+    streams = sys.stdout, sys.stderr
+    out, err = sys.stdout, sys.stderr = GuardedStream(sys.stdout), GuardedStream(sys.stderr)
+    try:
+        code = _run(args, argv)
+        out.flush()
+        if out.failed and code == EXIT_OK and not diag_cli.COMMAND_EXIT:  # the result itself was not written
+            click.echo(f"hostpin: error: could not write the output to stdout: {out.failed}", err=True)
+            code = EXIT_UNEVALUATED
+        err.flush()
+    finally:
+        if not (out.failed or err.failed):  # a caller in the same process (a test) gets its streams back
+            sys.stdout, sys.stderr = streams
+        diag_cli.COMMAND_EXIT = False
+    sys.exit(code)
+
+
+def _run(args: list[str], argv: list[str] | None) -> int:
+    """The command's exit code, from the one table (diag/exitcodes.py), on every path."""
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
         if not getattr(exc, "json_printed", False):
             _json_error(args, exc.format_message(), EXIT_USAGE)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except click.ClickException as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:  # sys.exit(N) from inside a command (the gate's one line, interrupted)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_UNEVALUATED)
     except Exception as exc:  # a bug: still one line, and where; HOSTPIN_DEBUG=1 for the traceback
         if os.environ.get("HOSTPIN_DEBUG"):
             raise
         click.echo(f"hostpin: error: {unexpected(exc, 'internal error')}", err=True)
-        sys.exit(EXIT_UNEVALUATED)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return EXIT_UNEVALUATED
+    return rv if isinstance(rv, int) else EXIT_OK
 
 
 if __name__ == "__main__":
