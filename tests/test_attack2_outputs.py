@@ -185,3 +185,142 @@ def test_20_a_run_directory_that_cannot_be_started_leaves_nothing(tmp_path, smal
     for i in range(2):
         shutil.copytree(good, fleet / f"20261201-00000{i}-preflight-n{i}")
     assert cli("compare", str(fleet)).returncode == 0
+
+
+# -- output paths (item 1) ---------------------------------------------------------------------------------
+needs_unshare = pytest.mark.skipif(not IS_ROOT or not shutil.which("unshare"), reason="needs root and unshare -m")
+
+
+def in_private_dev(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run script in a private mount namespace whose /dev is a fresh tmpfs, with /dev/null and
+    /dev/stdout as a system has them: the real /dev is never touched."""
+    prelude = ("set -e; mount --make-rprivate / ; mount -t tmpfs hostpin-test-dev /dev; "
+               "mknod -m 666 /dev/null c 1 3; ln -s /proc/self/fd/1 /dev/stdout; set +e; ")
+    return subprocess.run(["unshare", "-m", "sh", "-c", prelude + script], capture_output=True, timeout=120,
+                          cwd=REPO, env=dict(os.environ, HOSTPIN_CONFIG="none"))
+
+
+@needs_unshare
+@pytest.mark.parametrize("what", ["report", "bundle", "prometheus"])
+@pytest.mark.parametrize("target", ["/dev/stdout", "-"])
+def test_1_dev_stdout_is_written_through_and_never_replaced(tmp_path, what, target):
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    out = tmp_path / "out.bin"
+    cmd = {"report": f"report {run} -o {target}",
+           "bundle": f"bundle {run} -o {target}",
+           "prometheus": f"preflight --config {site(tmp_path, PASS)} --out {tmp_path / 'r2'} --prometheus {target}"
+           }[what]
+    r = in_private_dev(f"{PY} -m repro.cli {cmd} > {out} 2>{tmp_path / 'err'}; echo rc=$?; "
+                       "if [ -L /dev/stdout ]; then echo link=$(readlink /dev/stdout); else echo link=gone; fi; "
+                       "ls -a /dev", tmp_path)
+    said = text(r.stdout)
+    assert "rc=0" in said, (said, text(r.stderr), (tmp_path / "err").read_text())
+    assert "link=/proc/self/fd/1" in said  # the system's /dev/stdout is still the link it was
+    assert ".stdout." not in said  # no temporary file left in /dev
+    data = out.read_bytes()
+    if what == "report":
+        assert data.startswith(b"# hostpin")
+    elif what == "bundle":
+        with tarfile.open(fileobj=__import__("io").BytesIO(data), mode="r:gz") as tar:
+            assert any(n.endswith("/manifest.json") for n in tar.getnames())
+    else:
+        assert b"hostpin_preflight_status" in data and data.endswith(b"\n")
+
+
+@pytest.mark.parametrize("what", ["report", "bundle", "prometheus"])
+def test_1_a_link_at_the_output_is_never_followed_nor_replaced(tmp_path, what):
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    link = tmp_path / "out.link"
+    link.symlink_to(victim)
+    args = {"report": ["report", str(run), "-o", str(link)], "bundle": ["bundle", str(run), "-o", str(link)],
+            "prometheus": ["preflight", "--config", str(site(tmp_path, PASS)), "--out", str(tmp_path / "r2"),
+                           "--prometheus", str(link)]}[what]
+    r = cli(*args)
+    assert r.returncode == 3, text(r.stderr)
+    assert "symbolic link" in text(r.stderr) and "Traceback" not in text(r.stderr)
+    assert link.is_symlink() and os.readlink(link) == str(victim) and victim.read_text() == "keep me\n"
+    if what == "prometheus":  # a pass whose textfile could not be written: 3, the verdict still printed
+        assert "ok" in text(r.stdout).lower() or "exit code 3" in text(r.stdout)
+
+
+def test_1_a_pipe_with_a_reader_is_written_through(tmp_path):
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    time.sleep(0.2)
+    r = cli("report", str(run), "-o", str(fifo))
+    out, _ = reader.communicate(timeout=30)
+    assert r.returncode == 0, text(r.stderr)
+    assert out.startswith(b"# hostpin") and stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+# -- watch -- CMD: CMD first (items 3, 11) -----------------------------------------------------------------
+MLOCK_LOOP = (
+    "import ctypes, mmap, sys, time\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.mlock.argtypes = libc.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]\n"
+    "open(sys.argv[2] + '.pid', 'w').write(str(__import__('os').getpid()))\n"
+    "end = time.time() + float(sys.argv[1]); n = 64 << 20\n"
+    "while time.time() < end:\n"
+    "    m = mmap.mmap(-1, n); b = ctypes.c_char.from_buffer(m); a = ctypes.addressof(b)\n"
+    "    libc.mlock(a, n); libc.munlock(a, n); del b; m.close()\n"
+    "open(sys.argv[2], 'w').write('done')\n"
+    "sys.exit(5)\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@needs_root
+def test_3_a_disk_that_fills_during_watch_never_orphans_cmd(tmp_path, small_fs):
+    fs = small_fs("2m", full=False)
+    done = tmp_path / "cmd-done"
+    proc = subprocess.Popen([PY, "-m", "repro.cli", "watch", "--interval", "0.05", "--out", str(fs / "w"), "--",
+                             PY, "-c", MLOCK_LOOP, "4", str(done)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=dict(os.environ, HOSTPIN_CONFIG="none"))
+    try:
+        time.sleep(1.5)
+        fill(fs)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pidfile = Path(f"{done}.pid")
+        if pidfile.exists() and _alive(int(pidfile.read_text())):  # orphaned by the watch: ended here
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    assert proc.returncode == 5, text(err)  # CMD's own exit code, after CMD ended
+    assert done.read_text() == "done"  # CMD lived its whole life
+    assert "the evidence could not be kept" in text(err) and "No space left" in text(err), text(err)
+    assert "Traceback" not in text(err) and "internal error" not in text(err)
+
+
+@needs_root
+def test_3_a_runs_dir_that_cannot_be_made_still_runs_cmd(tmp_path, small_fs):
+    full = small_fs()
+    r = cli("watch", "--out", str(full / "w"), "--", "sh", "-c", "exit 7")
+    assert r.returncode == 7 and "the evidence could not be kept" in text(r.stderr), text(r.stderr)
+    with open("/dev/full", "wb") as devfull:
+        r = cli("watch", "--out", str(full / "w"), "--", "sh", "-c", "echo out; exit 0", stderr=devfull)
+    assert r.returncode == 0 and text(r.stdout) == "out\n"
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_11_cmd_runs_with_the_callers_umask(tmp_path, mask):
+    made = tmp_path / "made"
+    r = subprocess.run([PY, "-m", "repro.cli", "watch", "--out", str(tmp_path / "w"), "--", "sh", "-c",
+                        f"umask; touch {made}"], capture_output=True, cwd=REPO, timeout=60,
+                       env=dict(os.environ, HOSTPIN_CONFIG="none"), preexec_fn=lambda: os.umask(mask))
+    assert r.returncode == 0, text(r.stderr)
+    assert text(r.stdout).strip() == f"{mask:04o}"
+    assert stat.S_IMODE(made.stat().st_mode) == 0o666 & ~mask
+    run = next((tmp_path / "w").iterdir())
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # hostpin's own evidence stays private
+    assert stat.S_IMODE((run / "manifest.json").stat().st_mode) == 0o600
