@@ -289,8 +289,8 @@ def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
             if rel in on_disk:
                 contents[rel] = d.read_bytes(rel)
     out = Path(out_file) if out_file else Path(f"{name}.tar.gz")
-    size = _write_tar(out, name, contents)
-    return {"bundle": str(out), "files": len(contents), "bytes": size, "verified": True,
+    size, streamed = _write_tar(out, name, contents)
+    return {"bundle": str(out), "streamed": streamed, "files": len(contents), "bytes": size, "verified": True,
             "partial": partial, "killed_at": extra.get("killed_at"), "unrecorded": extra.get("unrecorded", []),
             "redacted": redact, "redactions": redactor.listing() if redactor else None}
 
@@ -371,7 +371,7 @@ def _tar_into(fh, name: str, contents: dict[str, bytes]) -> int:
     return counted.n
 
 
-def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> int:
+def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> tuple[int, bool]:
     """Written next to out under a temporary name, fsynced, renamed over it (0600), or through a
     pipe or terminal (`-o -`, /dev/stdout). Only a regular file is ever replaced: a link, a device
     such as /dev/full, a directory or a pipe nobody reads is refused, never turned into a file."""
@@ -385,7 +385,7 @@ def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> int:
     if fd is not None:
         try:
             with os.fdopen(fd, "wb") as fh:
-                return _tar_into(fh, name, contents)
+                return _tar_into(fh, name, contents), True
         except OSError as exc:
             raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
     if os.path.islink(out):
@@ -400,7 +400,7 @@ def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> int:
             size = _tar_into(fh, name, contents)
             os.fsync(fh.fileno())
         os.replace(tmp, out)
-        return size
+        return size, False
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None

@@ -574,6 +574,13 @@ def _owns(path: Path) -> bool:
     return st.st_uid == os.geteuid() and os.access(path, os.W_OK)
 
 
+def _inside(output: Path, run_path: Path) -> bool:
+    """Whether the file -o names would land inside the run directory (through links, .. or not)."""
+    parent = os.path.realpath(output.parent if str(output.parent) else ".")
+    top = os.path.realpath(run_path)
+    return parent == top or parent.startswith(top.rstrip("/") + "/")
+
+
 def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
     """A new file next to the -o report (never over an existing one): REPORT.timeline.png, .2, ..."""
     for n in range(1, 1000):
@@ -623,6 +630,10 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
 
     run = _open(run_path, _limits(max_size, max_files))
     try:
+        if output is not None and not run.from_bundle and _inside(output, run.path):
+            raise click.BadParameter(f"{output} is inside the run being read ({run_path}), whose files are its "
+                                     "evidence; write the report elsewhere (a run of yours keeps report.md anyway)",
+                                     param_hint="'-o'")
         keep_in_run = not run.from_bundle and _owns(run.path)
         picture = None
         with evaluating(run_path):
@@ -697,8 +708,9 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
             raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
         except BundleError as exc:
             raise InputError(str(exc)) from None
+    streamed = result["streamed"]  # the bundle went to stdout or a pipe: what is said about it goes to stderr
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(result, indent=2), err=streamed)
     else:
         partial = (f"; PARTIAL run (killed at {result['killed_at']}): "
                    + (f"{len(result['unrecorded'])} files it did not get to record are kept and marked "
@@ -706,7 +718,8 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
                    if result["partial"] else "")
         click.echo(f"bundle: {result['bundle']} ({result['files']} files, {result['bytes']:,} bytes, every file "
                    f"verified against the manifest{partial}"
-                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
+                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})",
+                   err=streamed)
     return EXIT_OK
 
 

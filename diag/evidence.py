@@ -576,7 +576,11 @@ def unrecorded_files(d: Dir, manifest: dict[str, Any]) -> list[tuple[str, os.sta
 def add_after_run(run_dir: Path | str, rel: str, data: bytes, kind: str) -> str:
     """Add a file to a finished (or killed) run, with its entry in manifest.added.jsonl. Never
     rewrites anything: the same bytes already there are kept as they are, different bytes go
-    to a new name (report.2.md). Returns the path used inside the run."""
+    to a new name (report.2.md). Returns the path used inside the run.
+
+    The entry is announced before the file is made (an `open` line, as a stream's), and the file
+    is removed again when its entry cannot be completed: a full disk or a kill -9 at any moment
+    leaves nothing that blocks a later bundle (a listed file, or no file)."""
     rel = normalize(rel)
     stem, dot, ext = rel.rpartition(".")
     with open_dir(run_dir, follow_last=False) as d:
@@ -585,16 +589,42 @@ def add_after_run(run_dir: Path | str, rel: str, data: bytes, kind: str) -> str:
             candidate = rel if n == 1 else f"{stem}.{n}.{ext}" if dot else f"{rel}.{n}"
             st = d.lstat(candidate)
             if st is None:
-                d.write_new(candidate, data)
                 break
             if stat.S_ISREG(st.st_mode) and d.hash_file(candidate) == (len(data), hashlib.sha256(data).hexdigest()):
-                if any(e["path"] == candidate for e in load_manifest(d)["entries"]):
+                if any(e["path"] == candidate and not e.get("open") for e in load_manifest(d)["entries"]):
                     return candidate  # already there and accounted for
             n += 1
             if n > 1000:
                 raise PathRefused(f"{rel}: a thousand versions exist already; not adding another")
-        entry = _entry(candidate, kind, data, added_after_run=True)
-        fd = d.open_new(ADDED, append=True)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        _append_added(d, _entry(candidate, kind, added_after_run=True, open=True))
+        d.write_new(candidate, data)  # removes what it began when it fails
+        try:
+            _append_added(d, _entry(candidate, kind, data, added_after_run=True))
+        except BaseException:
+            try:
+                parent, name = d._parent(candidate)
+                try:
+                    os.unlink(name, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            except OSError:
+                pass
+            raise
     return candidate
+
+
+def _append_added(d: Dir, entry: dict[str, Any]) -> None:
+    """One whole line or none: what a full disk let through is cut off again, so that the next
+    line never follows half a line."""
+    fd = d.open_new(ADDED, append=True)
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview((json.dumps(entry, sort_keys=True) + "\n").encode())
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)

@@ -197,7 +197,7 @@ def in_private_dev(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
     prelude = ("set -e; mount --make-rprivate / ; mount -t tmpfs hostpin-test-dev /dev; "
                "mknod -m 666 /dev/null c 1 3; ln -s /proc/self/fd/1 /dev/stdout; set +e; ")
     return subprocess.run(["unshare", "-m", "sh", "-c", prelude + script], capture_output=True, timeout=120,
-                          cwd=REPO, env=dict(os.environ, HOSTPIN_CONFIG="none"))
+                          cwd=tmp_path, env=dict(os.environ, HOSTPIN_CONFIG="none"))
 
 
 @needs_unshare
@@ -210,7 +210,7 @@ def test_1_dev_stdout_is_written_through_and_never_replaced(tmp_path, what, targ
            "bundle": f"bundle {run} -o {target}",
            "prometheus": f"preflight --config {site(tmp_path, PASS)} --out {tmp_path / 'r2'} --prometheus {target}"
            }[what]
-    r = in_private_dev(f"{PY} -m repro.cli {cmd} > {out} 2>{tmp_path / 'err'}; echo rc=$?; "
+    r = in_private_dev(f"PYTHONPATH={REPO} {PY} -m repro.cli {cmd} > {out} 2>{tmp_path / 'err'}; echo rc=$?; "
                        "if [ -L /dev/stdout ]; then echo link=$(readlink /dev/stdout); else echo link=gone; fi; "
                        "ls -a /dev", tmp_path)
     said = text(r.stdout)
@@ -221,6 +221,7 @@ def test_1_dev_stdout_is_written_through_and_never_replaced(tmp_path, what, targ
     if what == "report":
         assert data.startswith(b"# hostpin")
     elif what == "bundle":
+        assert b"bundle: " not in data  # the summary went to stderr, not into the archive
         with tarfile.open(fileobj=__import__("io").BytesIO(data), mode="r:gz") as tar:
             assert any(n.endswith("/manifest.json") for n in tar.getnames())
     else:
@@ -324,3 +325,73 @@ def test_11_cmd_runs_with_the_callers_umask(tmp_path, mask):
     run = next((tmp_path / "w").iterdir())
     assert stat.S_IMODE(run.stat().st_mode) == 0o700  # hostpin's own evidence stays private
     assert stat.S_IMODE((run / "manifest.json").stat().st_mode) == 0o600
+
+
+# -- report into a run (items 7, 16) -------------------------------------------------------------------------
+@needs_root
+def test_7_a_full_disk_during_report_never_blocks_a_later_bundle(tmp_path, small_fs):
+    """For each amount of room left (none, a page, a few), report adds report.md with its entry
+    or not at all; once space is back, report and bundle both work."""
+    probe = preflight_run(tmp_path, tmp_path / "probe")
+    need = -(-len(cli("report", str(probe)).stdout) // 4096)  # pages report.md takes
+    for pages in (0, need - 1, need, need + 1):
+        fs = small_fs("2m", full=False)
+        run = fs / "r" / probe.name
+        shutil.copytree(probe, run)
+        (run / "report.md").unlink()
+        (run / "manifest.added.jsonl").unlink()
+        fill(fs)
+        for f in fs.glob("fill-*"):  # leave `pages` pages free
+            with open(f, "r+b") as fh:
+                fh.truncate(max(0, f.stat().st_size - pages * 4096))
+            break
+        r = cli("report", str(run))
+        assert r.returncode == 0, text(r.stderr)  # the report itself reached stdout
+        assert "Traceback" not in text(r.stderr)
+        for f in fs.glob("fill-*"):
+            f.unlink()
+        assert cli("report", str(run)).returncode == 0
+        b = cli("bundle", str(run), "-o", str(tmp_path / f"b{pages}.tar.gz"))
+        assert b.returncode == 0, (pages, text(b.stderr), sorted(p.name for p in run.iterdir()))
+
+
+def test_7_a_report_killed_between_its_entry_and_its_file_leaves_a_bundlable_run(tmp_path):
+    """What a kill -9 inside `report` leaves, at each point: the announced entry alone, or it and
+    a part of report.md. A real SIGKILL is sent to a report stopped (SIGSTOP) after it announced."""
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    added = run / "manifest.added.jsonl"
+    proc = subprocess.Popen([PY, "-c", (
+        "import os, signal, sys; from diag import evidence\n"
+        "real = evidence.Dir.write_new\n"
+        "def stop_then_write(self, rel, data, **kw):\n"
+        "    fd = os.open(os.path.join(sys.argv[1], rel), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
+        "    os.write(fd, data[:100]); os.close(fd)\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "evidence.Dir.write_new = stop_then_write\n"
+        "evidence.add_after_run(sys.argv[1], 'report.md', b'# hostpin report' * 100, 'report')\n"),
+        str(run)], cwd=REPO)
+    for _ in range(200):
+        if Path(f"/proc/{proc.pid}/stat").read_text().split()[2] == "T":
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (run / "report.md").stat().st_size == 100 and '"open": true' in added.read_text()
+    b = cli("bundle", str(run), "-o", str(tmp_path / "b.tar.gz"))
+    assert b.returncode == 0, text(b.stderr)
+    r = cli("report", str(run))
+    assert r.returncode == 0 and (run / "report.2.md").exists()
+    assert cli("bundle", str(run), "-o", str(tmp_path / "c.tar.gz")).returncode == 0
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "result.json", "report.md", "root/new.md"])
+def test_16_report_o_into_the_run_it_reads_is_refused(tmp_path, name):
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    via_link = tmp_path / "alias"
+    via_link.symlink_to(run)
+    for target in (run / name, via_link / name, run / "root" / ".." / name):
+        r = cli("report", str(run), "-o", str(target))
+        assert r.returncode == 2 and "inside the run" in text(r.stderr), text(r.stderr)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert cli("bundle", str(run), "-o", str(tmp_path / "b.tar.gz")).returncode == 0
