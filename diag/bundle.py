@@ -224,6 +224,9 @@ def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
     problems = verify_manifest(d, manifest)
     if problems:
         raise BundleError("the run does not match its manifest, so it cannot be vouched for: " + "; ".join(problems[:10]))
+    # verifying read every file once, under the limit; packing reads each again: the limit is on the
+    # run's size, so the second reading starts from zero (it counted every byte twice)
+    d.bytes_read = 0
     for rel, st in d.walk():
         if stat.S_ISLNK(st.st_mode):
             raise BundleError(f"refusing to bundle: {rel} is a symbolic link (a bundle never follows links)")
