@@ -294,7 +294,8 @@ def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
     out = Path(out_file) if out_file else Path(f"{name}.tar.gz")
     size, streamed = _write_tar(out, name, contents)
     return {"bundle": str(out), "streamed": streamed, "files": len(contents), "bytes": size, "verified": True,
-            "partial": partial, "killed_at": extra.get("killed_at"), "unrecorded": extra.get("unrecorded", []),
+            "partial": partial, "killed_at": extra.get("killed_at"),
+            "stopped": manifest.get("stopped") if partial and isinstance(manifest.get("stopped"), dict) else None, "unrecorded": extra.get("unrecorded", []),
             "redacted": redact, "redactions": redactor.listing() if redactor else None}
 
 

@@ -712,7 +712,10 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
     if as_json:
         click.echo(json.dumps(result, indent=2), err=streamed)
     else:
-        partial = (f"; PARTIAL run (killed at {result['killed_at']}): "
+        stopped = result.get("stopped")
+        ended = (f"stopped at {stopped['at']}: its evidence could not be written" if stopped
+                 else f"killed at {result['killed_at']}")
+        partial = (f"; PARTIAL run ({ended}): "
                    + (f"{len(result['unrecorded'])} files it did not get to record are kept and marked "
                       f"({', '.join(result['unrecorded'][:4])})" if result["unrecorded"] else "its journal verified")
                    if result["partial"] else "")

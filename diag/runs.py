@@ -57,6 +57,7 @@ class Run:
     partial: bool = False           # killed before it finished (no manifest.json of its own)
     killed_at: str | None = None    # when a partial run last wrote anything
     unrecorded: list[str] = field(default_factory=list)  # a partial run's files its journal does not list
+    running: bool = False           # a partial run whose owner still runs on this host: not killed
     _tmp: str | None = None
     _facts: dict[str, Any] | None = None
 
@@ -77,6 +78,17 @@ class Run:
     @property
     def from_bundle(self) -> bool:
         return self._tmp is not None
+
+    @property
+    def ended(self) -> str:
+        """How a partial run ended, in words: 'killed at T', 'stopped at T: ...' (it could not write
+        its evidence, a full disk), or 'still running (pid N)' (its owner still runs on this host)."""
+        stopped = self.manifest.get("stopped")
+        if isinstance(stopped, dict) and isinstance(stopped.get("at"), str) and isinstance(stopped.get("why"), str):
+            return f"stopped at {stopped['at']}: its evidence could not be written ({stopped['why']})"
+        if self.running:
+            return f"still running (pid {self.manifest.get('pid')}, since {self.manifest.get('started')})"
+        return f"killed at {self.killed_at or 'an unknown time'}"
 
     def facts(self) -> dict[str, Any]:
         """The facts the run recorded, completed from its root/ tree (read once) where it did not
@@ -312,6 +324,25 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> 
         raise RunError(f"result.json could not be read: {why}") from None
 
 
+def _owner_runs(manifest: dict[str, Any]) -> bool:
+    """Whether the process that writes this journal still runs: same host, its pid alive and started
+    no later than the run (a pid used again since is another process)."""
+    import socket
+    pid, started = manifest.get("pid"), manifest.get("started")
+    if manifest.get("host") != socket.gethostname() or not isinstance(pid, int) or pid < 1 or not started:
+        return False
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat_line[stat_line.rindex(")") + 2:].split()
+        if fields[0] in ("Z", "X"):
+            return False
+        boot = next(float(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+        began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return began <= _dt.datetime.fromisoformat(started).timestamp() + 1.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+
+
 def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
     """A run directory or bundle, opened for reading; RunError (RunMissing) when it cannot be."""
     p = Path(path)
@@ -345,8 +376,9 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
             times = [s.st_mtime for rel, s in d.walk() if stat.S_ISREG(s.st_mode) and rel not in added
                      and rel != "manifest.added.jsonl"]
             killed_at = _iso(max(times)) if times else None
+        running = partial and tmp is None and "manifest.json" not in d.listdir() and _owner_runs(manifest)
         return Run(path=p, source=str(path), manifest=manifest, result=result, problems=problems, dir=d,
-                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, _tmp=tmp)
+                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, running=running, _tmp=tmp)
     except BaseException as exc:
         if d is not None:
             d.close()

@@ -470,3 +470,46 @@ def test_4_8_the_gate_on_a_full_var_drains_only_a_failing_node(tmp_path, small_f
         assert "drained: hostpin: headroom" in r.stderr
     else:
         assert "could not judge this node (exit 3): hostpin: " in r.stderr and "not evaluated" not in r.stderr
+
+
+# -- how a partial run ended (item 19) -------------------------------------------------------------------
+@needs_root
+def test_19_a_run_stopped_by_a_full_disk_reads_as_stopped_not_killed(tmp_path, small_fs):
+    fs = small_fs("24k", full=False)
+    r = cli("preflight", "--config", str(site(tmp_path, PASS)), "--out", str(fs / "r"))
+    assert r.returncode == 3
+    (run,) = list((fs / "r").iterdir())
+    journal = (run / "manifest.jsonl").read_text()
+    assert '"stopped"' in journal, journal[-500:]
+    rep = cli("report", str(run))
+    assert rep.returncode == 0, text(rep.stderr)
+    head = text(rep.stdout)[:3000]
+    assert "stopped at" in head and "No space left on device" in head and "killed" not in head, head
+
+
+def test_19_a_run_still_running_reads_as_running_then_killed(tmp_path):
+    pidfile = tmp_path / "cmd.pid"
+    proc = subprocess.Popen([PY, "-m", "repro.cli", "watch", "--out", str(tmp_path / "w"), "--", "sh", "-c",
+                             f"echo $$ > {pidfile}; exec sleep 30"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+                            env=dict(os.environ, HOSTPIN_CONFIG="none"))
+    try:
+        for _ in range(200):
+            runs = list((tmp_path / "w").glob("*/manifest.jsonl")) if (tmp_path / "w").exists() else []
+            if runs:
+                break
+            time.sleep(0.05)
+        run = runs[0].parent
+        rep = cli("report", str(run))
+        assert rep.returncode == 0, text(rep.stderr)
+        assert f"still running (pid {proc.pid}" in text(rep.stdout) and "killed" not in text(rep.stdout)[:2000]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        rep = cli("report", str(run))
+        assert "partial, killed at" in text(rep.stdout) and "still running" not in text(rep.stdout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pidfile.exists() and _alive(int(pidfile.read_text())):  # CMD, left behind by the killed watch
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
