@@ -555,13 +555,17 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
 
 def _open(path: str, limits=None):
     from .confined import DEFAULT_LIMITS
-    from .runs import RunError, RunMissing, open_run_path
+    from .runs import OutOfResources, RunError, RunMissing, open_run_path
     if not str(path).strip():  # '' is not the current directory
         raise click.BadParameter("an empty name is not a run; give a run directory or a bundle", param_hint="RUN")
     try:
         return open_run_path(path, limits or DEFAULT_LIMITS)
     except RunMissing as exc:
         raise click.BadParameter(str(exc), param_hint="RUN") from None
+    except OutOfResources as exc:
+        error = InputError(str(exc))
+        error.ours = True  # hostpin's own limits (ulimit -n, TMPDIR's space), not the run's damage
+        raise error from None
     except RunError as exc:
         raise InputError(str(exc)) from None
 
@@ -763,11 +767,16 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     limits = _limits(max_size, max_files)
     opened = []
     try:
-        for path in paths:
+        for path in paths:  # each read and given back at once: one directory open, one bundle unpacked
             try:
-                opened.append(_open(path, limits))
+                run = _open(path, limits)
+                try:
+                    with evaluating(path):
+                        opened.append(run.detach())
+                finally:
+                    run.close()
             except InputError as exc:
-                if not fleet:
+                if not fleet or getattr(exc, "ours", False):
                     raise
                 why = exc.message[len(path):].lstrip(": ") if exc.message.startswith(path) else exc.message
                 unreadable.append({"path": path, "problem": why})

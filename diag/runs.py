@@ -14,6 +14,7 @@ header in the middle is not taken for the end), and a gzip stream must end with 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import gzip
 import json
 import os
@@ -33,7 +34,7 @@ from .facts import FACT_LABELS, node_facts
 from .results import result_shape_problem
 from .rootfs import Root
 
-__all__ = ["Run", "open_run_path", "RunError", "RunMissing", "BUNDLE_TMP_PREFIX"]
+__all__ = ["Run", "open_run_path", "RunError", "RunMissing", "OutOfResources", "BUNDLE_TMP_PREFIX"]
 
 BUNDLE_TMP_PREFIX = "hostpin-bundle-"  # + owner pid + '-': diag.leftovers finds the ones of dead owners
 
@@ -44,6 +45,14 @@ class RunError(RuntimeError):
 
 class RunMissing(RunError):
     """The path named on the command line does not exist (exit 2)."""
+
+
+class OutOfResources(RunError):
+    """Not the run's fault: hostpin ran out of file descriptors (ulimit -n) or of space to unpack a
+    bundle (TMPDIR). A fleet summary must stop (exit 3), never list the run as unreadable."""
+
+
+_OURS = (errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Run:
     killed_at: str | None = None    # when a partial run last wrote anything
     unrecorded: list[str] = field(default_factory=list)  # a partial run's files its journal does not list
     running: bool = False           # a partial run whose owner still runs on this host: not killed
+    journal_only: bool = False      # read from its journal: no manifest.json of its own
     _tmp: str | None = None
     _facts: dict[str, Any] | None = None
 
@@ -148,6 +158,13 @@ class Run:
             if isinstance(value, dict):
                 out.append(value)
         return out
+
+    def detach(self) -> "Run":
+        """Keep what compare reads (manifest, result, facts) and give back the directory and an
+        unpacked bundle's files: one run open at a time, however many are compared."""
+        self.facts()
+        self.close()
+        return self
 
     def close(self) -> None:
         if self.dir is not None:
@@ -292,7 +309,8 @@ def _open_bundle(p: Path, limits: Limits) -> tuple[Path, str]:
     except OSError as exc:
         _remove_tree(tmp)
         where = f" ({exc.filename})" if exc.filename else ""
-        raise RunError(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
+        kind = OutOfResources if exc.errno in _OURS else RunError
+        raise kind(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
     except (PathRefused, TooLarge) as exc:
         _remove_tree(tmp)
         raise RunError(f"{p}: {exc}") from None
@@ -376,9 +394,11 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
             times = [s.st_mtime for rel, s in d.walk() if stat.S_ISREG(s.st_mode) and rel not in added
                      and rel != "manifest.added.jsonl"]
             killed_at = _iso(max(times)) if times else None
-        running = partial and tmp is None and "manifest.json" not in d.listdir() and _owner_runs(manifest)
+        journal_only = "manifest.json" not in d.listdir()
+        running = partial and tmp is None and journal_only and _owner_runs(manifest)
         return Run(path=p, source=str(path), manifest=manifest, result=result, problems=problems, dir=d,
-                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, running=running, _tmp=tmp)
+                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, running=running,
+                   journal_only=journal_only, _tmp=tmp)
     except BaseException as exc:
         if d is not None:
             d.close()
@@ -387,8 +407,9 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
         if isinstance(exc, ManifestError):
             raise RunError(f"{path} could not be read: {exc}") from None
         if isinstance(exc, RunError):
-            raise RunError(f"{path}: {exc}") from None
+            raise type(exc)(f"{path}: {exc}") from None
         if isinstance(exc, (PathRefused, OSError)):
             why = getattr(exc, "strerror", None) or str(exc)
-            raise RunError(f"{path} could not be read: {why}") from None
+            kind = OutOfResources if getattr(exc, "errno", None) in _OURS else RunError
+            raise kind(f"{path} could not be read: {why}") from None
         raise

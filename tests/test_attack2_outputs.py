@@ -32,8 +32,8 @@ PY = sys.executable
 
 
 def cli(*args: str, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout: float = 120,
-        cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HOSTPIN_CONFIG=os.environ.get("HOSTPIN_CONFIG", "none"))
+        cwd: Path | None = None, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = dict(env or os.environ, HOSTPIN_CONFIG=os.environ.get("HOSTPIN_CONFIG", "none"))
     env.pop("HOSTPIN_DEBUG", None)
     return subprocess.run([PY, "-m", "repro.cli", *args], stdout=stdout, stderr=stderr, timeout=timeout,
                           cwd=cwd or REPO, env=env, **kw)
@@ -513,3 +513,66 @@ def test_19_a_run_still_running_reads_as_running_then_killed(tmp_path):
             proc.wait()
         if pidfile.exists() and _alive(int(pidfile.read_text())):  # CMD, left behind by the killed watch
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+# -- compare at scale (items 9, 15) ---------------------------------------------------------------------------
+def _fleet(tmp_path: Path, n: int) -> Path:
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    for i in range(n):
+        shutil.copytree(FIXTURES / "ci-preflight", fleet / f"20261201-{i:06d}-preflight-n{i}")
+    return fleet
+
+
+def _limit_fds(n: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+def test_15_compare_past_ulimit_n_reads_every_run(tmp_path):
+    fleet = _fleet(tmp_path, 80)
+    r = cli("compare", str(fleet), "--json", preexec_fn=_limit_fds(48))
+    assert r.returncode == 0, text(r.stderr)[-2000:]
+    data = json.loads(r.stdout)
+    assert data["runs"] == 80 and data["unreadable"] == 0, (data["runs"], data["unreadable"])
+
+
+def test_15_running_out_of_descriptors_is_exit_3_never_a_dropped_run(tmp_path):
+    fleet = _fleet(tmp_path, 12)
+    r = cli("compare", str(fleet), preexec_fn=_limit_fds(12))
+    assert r.returncode == 3 or (r.returncode == 0 and "could not be read" not in text(r.stdout)), \
+        (r.returncode, text(r.stdout)[:800], text(r.stderr)[-800:])
+    assert "Traceback" not in text(r.stderr)
+
+
+def _big_bundles(tmp_path: Path, n: int, mib: int) -> list[str]:
+    out = []
+    from diag.evidence import add_after_run
+    for i in range(n):
+        run = tmp_path / "runs" / f"20261201-{i:06d}-preflight-n{i}"
+        shutil.copytree(FIXTURES / "ci-preflight", run)
+        add_after_run(run, "big.bin", os.urandom(mib << 20), "file")  # random: it does not compress
+        b = tmp_path / f"n{i}.tar.gz"
+        assert cli("bundle", str(run), "-o", str(b)).returncode == 0
+        out.append(str(b))
+    return out
+
+
+@needs_root
+def test_9_compare_unpacks_one_bundle_at_a_time(tmp_path, small_fs):
+    bundles = _big_bundles(tmp_path, 8, 2)
+    tmp = small_fs("6m", full=False)  # room for two unpacked bundles, not for eight
+    env = dict(os.environ, TMPDIR=str(tmp))
+    r = cli("compare", *bundles, "--json", env=env)
+    assert r.returncode == 0, text(r.stderr)[-1500:]
+    data = json.loads(r.stdout)
+    assert data["mode"] == "fleet" and data["runs"] == 8 and data["unreadable"] == 0
+    assert list(tmp.iterdir()) == []  # nothing left unpacked
+
+
+@needs_root
+def test_9_no_room_to_unpack_is_exit_3_never_a_dropped_run(tmp_path, small_fs):
+    bundles = _big_bundles(tmp_path, 7, 2)
+    tmp = small_fs("1m", full=False)
+    r = cli("compare", *bundles, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert r.returncode == 3 and "No space left" in text(r.stderr), (r.returncode, text(r.stderr)[-800:])
+    assert list(tmp.iterdir()) == []
