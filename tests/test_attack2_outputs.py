@@ -544,10 +544,11 @@ def test_15_running_out_of_descriptors_is_exit_3_never_a_dropped_run(tmp_path):
     assert "Traceback" not in text(r.stderr)
 
 
-def _big_bundles(tmp_path: Path, n: int, mib: int) -> list[str]:
+def _big_bundles(tmp_path: Path, n: int, mib: int, sizes: tuple = ()) -> list[str]:
     out = []
     from diag.evidence import add_after_run
     for i in range(n):
+        mib = sizes[i] if sizes else mib
         run = tmp_path / "runs" / f"20261201-{i:06d}-preflight-n{i}"
         shutil.copytree(FIXTURES / "ci-preflight", run)
         add_after_run(run, "big.bin", os.urandom(mib << 20), "file")  # random: it does not compress
@@ -571,8 +572,10 @@ def test_9_compare_unpacks_one_bundle_at_a_time(tmp_path, small_fs):
 
 @needs_root
 def test_9_no_room_to_unpack_is_exit_3_never_a_dropped_run(tmp_path, small_fs):
-    bundles = _big_bundles(tmp_path, 7, 2)
-    tmp = small_fs("1m", full=False)
+    """Six bundles that fit TMPDIR one at a time and one that does not: hostpin's own lack of room
+    stops the summary (3); it never passes for a damaged run left out of an exit-0 summary."""
+    bundles = _big_bundles(tmp_path, 7, 0, sizes=(0, 0, 0, 3, 0, 0, 0))
+    tmp = small_fs("2m", full=False)
     r = cli("compare", *bundles, env=dict(os.environ, TMPDIR=str(tmp)))
     assert r.returncode == 3 and "No space left" in text(r.stderr), (r.returncode, text(r.stderr)[-800:])
     assert list(tmp.iterdir()) == []
