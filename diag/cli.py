@@ -230,6 +230,15 @@ class GuardedStream:
         return getattr(self._stream, name)
 
 
+def evidence_exit(run, code: int) -> int:
+    """The exit code once the run is finished: as decided, or 3 for a success whose evidence could
+    not be kept (a full disk), said on stderr."""
+    if getattr(run, "lost", None) is None:
+        return code
+    click.echo(f"hostpin: error: the evidence could not be kept ({run.lost})", err=True)
+    return unwritten_exit(code)
+
+
 def unwritten_exit(code: int) -> int:
     """The exit code once an output could not be written: what was decided stands (1 a failure, or
     any code but 0), and a pass becomes 3, "could not write the output"."""
@@ -550,7 +559,7 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
                    f"(reasons in manifest.json); CUDA: {cuda['status'] + ': ' + (cuda['message'] or '') if cuda else 'not probed'}")
         click.echo(f"evidence: {result['run_dir']}")
         click.echo(f"read it back: hostpin preflight --root {result['run_dir']}")
-    return EXIT_OK if result["files"] else EXIT_UNEVALUATED
+    return evidence_exit(run, EXIT_OK if result["files"] else EXIT_UNEVALUATED)
 
 
 def _open(path: str, limits=None):

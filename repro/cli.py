@@ -24,7 +24,7 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 import click  # noqa: E402
 
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, GuardedStream, InputError, _margin, cli,  # noqa: E402
-                      json_errors, json_option, open_run, out_option, unexpected)
+                      evidence_exit, json_errors, json_option, open_run, out_option, unexpected)
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
@@ -132,7 +132,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         result = run_matrix(opts, run)
         run.finish(result)
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
-        return result["exit_code"]
+        return evidence_exit(run, result["exit_code"])
     from diag.results import ReproRegisterResult, write_result
     bar = ProgressLine()
     try:
@@ -151,7 +151,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
     result["exit_code"] = exit_code_for(result["outcome"])
     data = write_result(run, ReproRegisterResult.from_dict(result))
     click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
-    return result["exit_code"]
+    return evidence_exit(run, result["exit_code"])
 
 
 @repro.command("staging")
@@ -218,7 +218,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     result.exit_code = exit_code_for(result.outcome)
     doc = write_result(run, result)
     click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
-    return result.exit_code
+    return evidence_exit(run, result.exit_code)
 
 
 def _json_error(argv: list[str], message: str, exit_code: int) -> None:

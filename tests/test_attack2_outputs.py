@@ -184,12 +184,20 @@ def test_20_a_run_directory_that_cannot_be_started_leaves_nothing(tmp_path, smal
     r = cli("snapshot", "--no-cuda", "--no-commands", "--root", str(CI_SNAPSHOT / "root"), "--out", str(runs))
     assert r.returncode == 3 and "No space left" in text(r.stderr)
     assert list(runs.iterdir()) == []  # no empty run with a 0-byte manifest.jsonl
-    good = FIXTURES / "ci-preflight"
-    fleet = tmp_path / "fleet"
-    fleet.mkdir()
+
+@needs_root
+def test_20_compare_of_the_parent_after_a_run_could_not_start(tmp_path, small_fs):
+    fs = small_fs("2m", full=False)
+    runs = fs / "runs"
+    runs.mkdir()
     for i in range(2):
-        shutil.copytree(good, fleet / f"20261201-00000{i}-preflight-n{i}")
-    assert cli("compare", str(fleet)).returncode == 0
+        shutil.copytree(FIXTURES / "ci-preflight", runs / f"20261201-00000{i}-preflight-n{i}")
+    fill(fs)
+    r = cli("repro", "register", "--size", "16MiB", "--method", "mlock", "--out", str(runs))
+    assert r.returncode == 3 and "No space left" in text(r.stderr), text(r.stderr)
+    assert len(list(runs.iterdir())) == 2
+    c = cli("compare", str(runs))
+    assert c.returncode == 0, text(c.stderr)
 
 
 # -- output paths (item 1) ---------------------------------------------------------------------------------
