@@ -119,7 +119,7 @@ def test_4_8_a_full_runs_dir_and_a_full_stderr_never_change_the_verdict(tmp_path
         assert passed(out) if code == 3 else out.startswith("hostpin: headroom"), out
     elif fmt == "json":
         data = json.loads(out)
-        assert data["exit_code"] == code and data["status"] == ("pass" if code == 3 else "fail")
+        assert data["exit_code"] == code and data["status"] in (("pass", "warn") if code == 3 else ("fail",))
         assert any("evidence could not be kept" in e for e in data["errors"]), data["errors"]
     else:
         assert f"exit code {code}" in out
