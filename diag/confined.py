@@ -30,6 +30,7 @@ __all__ = ["output_fd", "write_output", "PathRefused", "TooLarge", "Limits", "DE
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DEV_NULL = os.makedev(1, 3)
+_TTY_MAJORS = {4, 5} | set(range(136, 144))  # virtual and serial consoles, /dev/tty, pseudo-terminals
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
 MAX_DEPTH = 256  # directories below a run or tree: /proc and /sys captures are a few dozen deep
 
@@ -487,26 +488,32 @@ def output_fd(out: Path | str) -> int | None:
     shown = f"{out} is a symbolic link (to {os.readlink(out)!r})" if link else f"{out} is {_kind(st.st_mode)}"
     if not (link or stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
         raise PathRefused(f"{shown}, not a regular file; give a file name")
+    try:  # what it leads to, judged before anything is opened (opening some devices acts: a tape rewinds)
+        target = os.stat(out)
+    except OSError as exc:
+        raise PathRefused(f"{shown}: {exc.strerror}; not written, nothing replaced") from None
+    for std in (1, 2):  # our own stdout or stderr (/dev/stdout, also redirected to a file): write where it writes
+        try:
+            sst = os.fstat(std)
+        except OSError:
+            continue
+        if (sst.st_dev, sst.st_ino) == (target.st_dev, target.st_ino):
+            return os.dup(std)
+    chr_ok = stat.S_ISCHR(target.st_mode) and (target.st_rdev == _DEV_NULL or os.major(target.st_rdev) in _TTY_MAJORS)
+    if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
+        leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
+        raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
     try:
         fd = os.open(out, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         why = "a named pipe that nobody reads" if exc.errno == errno.ENXIO else exc.strerror
         raise PathRefused(f"{shown}: {why}; not written, nothing replaced") from None
     fst = os.fstat(fd)
-    for std in (1, 2):  # our own stdout or stderr (redirected to a file): write where it writes
-        try:
-            sst = os.fstat(std)
-        except OSError:
-            continue
-        if (sst.st_dev, sst.st_ino) == (fst.st_dev, fst.st_ino):
-            os.close(fd)
-            return os.dup(std)
-    if stat.S_ISFIFO(fst.st_mode) or (stat.S_ISCHR(fst.st_mode) and (os.isatty(fd) or fst.st_rdev == _DEV_NULL)):
-        os.set_blocking(fd, True)
-        return fd
-    os.close(fd)
-    leads = f"it leads to {_kind(fst.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
-    raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
+    if (fst.st_dev, fst.st_ino, fst.st_mode) != (target.st_dev, target.st_ino, target.st_mode):
+        os.close(fd)
+        raise PathRefused(f"{shown}: it changed while it was opened; not written")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def write_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:

@@ -587,3 +587,15 @@ def test_9_no_room_to_unpack_is_exit_3_never_a_dropped_run(tmp_path, small_fs):
     r = cli("compare", *bundles, env=dict(os.environ, TMPDIR=str(tmp)))
     assert r.returncode == 3 and "No space left" in text(r.stderr), (r.returncode, text(r.stderr)[-800:])
     assert list(tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("target,code", [("/dev/null", 0), ("/dev/full", 3), ("/dev/zero", 3)])
+def test_1_a_link_to_a_device_is_written_through_only_for_null_and_terminals(tmp_path, target, code):
+    run = preflight_run(tmp_path, tmp_path / "runs")
+    link = tmp_path / "out.md"
+    link.symlink_to(target)
+    r = cli("report", str(run), "-o", str(link))
+    assert r.returncode == code, text(r.stderr)
+    assert link.is_symlink() and os.readlink(link) == target and stat.S_ISCHR(os.stat(target).st_mode)
+    if code:
+        assert "leads to a character device" in text(r.stderr) and "Traceback" not in text(r.stderr)
