@@ -511,8 +511,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
         global _ANSWERED
-        from .gate import npd_exit_code, short_line, unevaluated_line
-        # the cause first: what could not be written, not the verdict it was appended to
+        from .gate import npd_exit_code, short_line
+        # the verdict, decided first; what could not be written goes to stderr below
         click.echo(short_line(data))
         # the answer is given: a Ctrl-C from now on must not turn it into "interrupted" (HostpinGroup.main)
         _ANSWERED = npd_exit_code(data) if fmt == "npd" else result.exit_code
@@ -585,6 +585,11 @@ def _owns(path: Path) -> bool:
     except OSError:
         return False
     return st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def _streamed(output: Path) -> bool:
+    """Whether -o is written through (stdout, a pipe, a terminal): nothing is put beside it."""
+    return str(output) == "-" or (os.path.lexists(output) and not os.path.isfile(output))
 
 
 def _inside(output: Path, run_path: Path) -> bool:
@@ -662,7 +667,7 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                         picture = add_after_run(run.path, "timeline.png", png, "picture")
                     except (OSError, ValueError) as exc:
                         click.echo(f"hostpin: note: timeline.png not kept in the run: {exc}", err=True)
-                elif png and output:
+                elif png and output and not _streamed(output):
                     try:
                         picture = _write_beside(output, "timeline.png", png).name
                     except OSError as exc:
