@@ -65,9 +65,9 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     --pid exit codes: 0 the pin returned; 1 the watch ended first (deadline, the process
     exited or was killed inside the pin, or no pin was seen); 2 bad command line; 3 nothing
     to watch (no such process, a zombie, or a kernel thread, which has no user memory and
-    cannot pin); 130 interrupted.
+    cannot pin), or the pin returned but its evidence could not be kept; 130 interrupted.
     Launcher exit codes: CMD's own, 128+N when signal N ended it, 127 CMD not found, 126
-    CMD cannot be run.
+    CMD cannot be run; evidence that could not be kept is a warning, never another code.
     """
     from .attach import WatchOptions
     from ..results import write_result
