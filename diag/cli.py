@@ -202,8 +202,10 @@ class GuardedStream:
     had otherwise passed (the output could not be written)."""
 
     def __init__(self, stream):
-        self._stream = stream
         self.failed: str | None = None
+        if stream is None:  # the interpreter found the descriptor closed
+            stream, self.failed = open(os.devnull, "w", encoding="utf-8"), "it is closed"
+        self._stream = stream
 
     def write(self, text):
         try:

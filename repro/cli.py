@@ -303,8 +303,12 @@ def _main(args: list[str], argv: list[str] | None) -> None:
     diag_cli.CALLER_UMASK = os.umask(0o077)
     os.umask(diag_cli.CALLER_UMASK | 0o077)
     # what cannot be shown (stderr on a full disk, /dev/full, a closed pipe) never changes the answer
+    closed = _reopen_closed_std_fds()
     streams = sys.stdout, sys.stderr
     out, err = sys.stdout, sys.stderr = GuardedStream(sys.stdout), GuardedStream(sys.stderr)
+    for fd, stream in ((1, out), (2, err)):
+        if fd in closed:
+            stream.failed = "it is closed"
     try:
         code = _run(args, argv)
         out.flush()
@@ -317,6 +321,27 @@ def _main(args: list[str], argv: list[str] | None) -> None:
             sys.stdout, sys.stderr = streams
         diag_cli.COMMAND_EXIT = False
     sys.exit(code)
+
+
+def _reopen_closed_std_fds() -> set[int]:
+    """Started with stdin, stdout or stderr closed (`>&-`), the next file hostpin opens would take
+    its number and receive what is meant for it: each closed one is /dev/null instead."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        new = os.open(os.devnull, os.O_RDWR)
+        if new != fd:
+            os.dup2(new, fd)
+            os.close(new)
+    if 1 in closed:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    if 2 in closed:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    return closed
 
 
 def _run(args: list[str], argv: list[str] | None) -> int:

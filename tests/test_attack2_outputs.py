@@ -599,3 +599,19 @@ def test_1_a_link_to_a_device_is_written_through_only_for_null_and_terminals(tmp
     assert link.is_symlink() and os.readlink(link) == target and stat.S_ISCHR(os.stat(target).st_mode)
     if code:
         assert "leads to a character device" in text(r.stderr) and "Traceback" not in text(r.stderr)
+
+
+def test_4_closed_stdout_and_stderr_keep_the_exit_code_and_write_nothing_astray(tmp_path):
+    """Started with `>&- 2>&-`: the next file opened would take descriptor 1 and get stdout's bytes;
+    hostpin puts /dev/null there. A failed plan stays 1; a bundle meant for stdout is exit 3."""
+    close = lambda: (os.close(1), os.close(2))  # noqa: E731
+    r = subprocess.run([PY, "-m", "repro.cli", "preflight", "--config", str(site(tmp_path, FAIL)), "--out",
+                        str(tmp_path / "runs")], cwd=tmp_path, preexec_fn=close, timeout=120,
+                       env=dict(os.environ, HOSTPIN_CONFIG="none", PYTHONPATH=str(REPO)))
+    assert r.returncode == 1
+    (run,) = list((tmp_path / "runs").iterdir())
+    assert json.loads((run / "result.json").read_text())["status"] == "fail"  # no stdout bytes in its files
+    r = subprocess.run([PY, "-m", "repro.cli", "bundle", str(run), "-o", "-"], cwd=tmp_path, preexec_fn=close,
+                       timeout=120, env=dict(os.environ, HOSTPIN_CONFIG="none", PYTHONPATH=str(REPO)))
+    assert r.returncode == 3
+    assert not (tmp_path / "-").exists()
