@@ -353,6 +353,43 @@ def cli():
     """
 
 
+def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
+    """(the PyTorch request as a dict, the method and source it implies) for --allocator torch; torch is
+    never imported. A setting PyTorch would refuse is a bad command line (exit 2)."""
+    from click.core import ParameterSource
+    from . import torchalloc
+    if torch_version is not None:
+        if torchalloc.parse_version(torch_version) is None:
+            raise click.BadParameter(f"{torch_version!r} is not a PyTorch version; use e.g. 2.11.0",
+                                     param_hint="'--torch-version'")
+        version, version_source = torch_version, "--torch-version"
+    else:
+        version = torchalloc.installed_version()
+        version_source = ("the torch distribution installed beside hostpin" if version else
+                          "no torch distribution beside hostpin, no --torch-version")
+    if alloc_conf is not None:
+        confs, conf_source, hint = {"--alloc-conf": alloc_conf}, "--alloc-conf", "'--alloc-conf'"
+    else:
+        confs = torchalloc.conf_from_env(os.environ)
+        conf_source, hint = ("hostpin's environment" if confs else "none set (hostpin's environment has "
+                             "neither PYTORCH_CUDA_ALLOC_CONF nor PYTORCH_ALLOC_CONF)"), "PYTORCH_CUDA_ALLOC_CONF"
+    try:
+        req = torchalloc.plan_request(size or 0, chunk, version=version, version_source=version_source,
+                                      confs=confs, conf_source=conf_source)
+    except ValueError as exc:
+        raise click.BadParameter(f"PyTorch would refuse these settings: {exc}", param_hint=hint) from None
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("method") in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) \
+            and method != req.method:
+        raise click.BadParameter(f"with --allocator torch PyTorch decides the method: {req.method} here "
+                                 "(pinned_use_cuda_host_register:True gives register, else hostalloc)",
+                                 param_hint="'--method'")
+    if ctx.get_parameter_source("source") == ParameterSource.COMMANDLINE and source != "anon":
+        raise click.BadParameter("with --allocator torch the region is PyTorch's own (anonymous or driver "
+                                 "memory)", param_hint="'--source'")
+    return (req.to_dict() if size else None), req.method, "anon"
+
+
 @cli.command()
 @click.option("--size", type=SIZE, default=None,
               help=f"Bytes each rank will pin ({SIZE_EXAMPLE}). Without it: node state only.")
@@ -403,6 +440,16 @@ def cli():
                    "run unevaluated (exit 3); --no-strict: not, whatever the site file says.")
 @click.option("--prometheus", "prometheus", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
+@click.option("--allocator", type=click.Choice(["cuda", "torch"]), default="cuda", show_default=True,
+              help="Who asks the driver to pin: the launcher itself (cuda), or PyTorch's caching host allocator "
+                   "(torch: torch.empty(..., pin_memory=True), Tensor.pin_memory()), which rounds each request up "
+                   "to a power of two; the plan then uses what PyTorch asks for (catalog 18).")
+@click.option("--torch-version", "torch_version", default=None, metavar="VERSION", callback=_not_empty,
+              help="With --allocator torch: the launcher's PyTorch version (default: the torch distribution "
+                   "installed beside hostpin, read from its metadata; torch is never imported).")
+@click.option("--alloc-conf", "alloc_conf", default=None, metavar="SETTINGS",
+              help="With --allocator torch: the launcher's PYTORCH_CUDA_ALLOC_CONF (default: "
+                   "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF of hostpin's own environment).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
               help="line: one short line starting 'hostpin: ' (a Slurm drain reason); npd: the same line with "
                    "node-problem-detector's exit codes (0 ok, 1 problem, 2 unknown).")
@@ -412,8 +459,8 @@ def cli():
 @_gate_errors
 @json_errors("preflight")
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
-              cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, as_json, out,
-              fmt, max_size, max_files):
+              cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, allocator,
+              torch_version, alloc_conf, as_json, out, fmt, max_size, max_files):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
@@ -450,6 +497,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if prometheus is not None and not (prometheus.parent if str(prometheus.parent) else Path(".")).is_dir():
         raise InputError(f"cannot write {prometheus}: its directory {prometheus.parent} does not exist "
                          "(give node_exporter's textfile directory; none is created)")
+    torch_plan = None
+    if allocator == "torch":
+        torch_plan, method, source = _torch_plan(size, chunk, method, source, torch_version, alloc_conf)
+    elif torch_version is not None or alloc_conf is not None:
+        raise click.BadParameter("--torch-version and --alloc-conf go with --allocator torch",
+                                 param_hint="'--torch-version'" if torch_version is not None else "'--alloc-conf'")
     opened = None
     if root is not None:
         if not os.path.lexists(root):
@@ -470,7 +523,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                                      param_hint="'--root'")
     try:
         plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
-                    readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
+                    readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file,
+                    allocator=allocator, torch=torch_plan)
         # the verdict never depends on whether its evidence can be kept: judged all the same
         run = open_run(out, "preflight", keep_going=True)
         cuda = "off" if no_cuda else ("captured" if root is not None else "probe")

@@ -44,7 +44,7 @@ ENV_VAR = "HOSTPIN_CONFIG"
 MAX_BYTES = 1 << 20
 META_KEY = "hostpin.config"
 
-PLAN_KEYS = ("size", "ranks", "method", "thp", "source", "map", "readonly", "chunk", "reserve")
+PLAN_KEYS = ("size", "ranks", "method", "thp", "source", "map", "readonly", "chunk", "reserve", "allocator")
 # per-invocation choices, not site policy: they stay on the command line
 NOT_FROM_FILE = {"root", "json", "format", "config", "out", "help"}
 SECTIONS = {

@@ -17,9 +17,9 @@ code  meaning
       does not exist, options that contradict each other, -o inside the run being read)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
-      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
-      written, a run directory that cannot be made or fills up (the evidence is lost), a result
-      that cannot reach stdout, no descriptors or TMPDIR space left to read runs, a leftover that
+      limits), no GPU for a CUDA-only command, no torch in the --python of `repro register
+      --allocator torch`, an --out / -o / --prometheus that cannot be written, a run directory
+      that cannot be made or fills up (the evidence is lost), a result that cannot reach stdout, no descriptors or TMPDIR space left to read runs, a leftover that
       `repro cleanup` could not remove. One line names what and why. The verdict is decided first
       and still printed: an output that could not be written makes a pass 3, never a failure.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node

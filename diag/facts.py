@@ -39,8 +39,10 @@ FACT_SOURCES = {
     "page_size": ("sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "probes/node.json"),
 }
 
-# fields every kernel we judge prints (MemAvailable since 3.14): their absence is damage, not "none"
-MEMINFO_REQUIRED = ("MemTotal", "MemFree", "MemAvailable", "SwapTotal", "SwapFree")
+# fields every kernel we judge prints: their absence is damage, not "none". MemAvailable (3.14+) is
+# not among them: without it (older kernels, runtimes that rewrite meminfo: procfs's and
+# node_exporter's fixtures) it is estimated as the kernel computes it, from zoneinfo's watermarks
+MEMINFO_REQUIRED = ("MemTotal", "MemFree", "SwapTotal", "SwapFree")
 # sysctls a captured tree must hold where it holds its group at all (they decide the swap and hung-task checks)
 SYSCTLS_REQUIRED = {"vm": ("proc/sys/vm", ()),
                     "hung_task": ("proc/sys/kernel", ("hung_task_timeout_secs", "hung_task_panic"))}
@@ -212,6 +214,11 @@ class Readings:
                     self._damaged("meminfo", [f"{small.replace('_bytes', '')} {a:,} B is more than "
                                               f"{big.replace('_bytes', '')} {b:,} B"])
             self._cut_short("meminfo")
+            if m.available_bytes is None and "MemAvailable" not in m.raw and not any(
+                    b.startswith("MemAvailable:") for b in m.bad):
+                estimate = meminfo.estimate_available(m, self.zoneinfo if self.state("zoneinfo") == OK else None)
+                if estimate is not None:
+                    m.available_bytes, m.available_estimate = estimate["available_bytes"], estimate
         return m
 
     @cached_property
@@ -308,6 +315,9 @@ class Readings:
         except cgroup.CgroupDamaged as exc:
             self._damaged("cgroup", [str(exc)])
             return None
+        except cgroup.CgroupUnseen as exc:  # its limit exists but cannot be read: not "no limit"
+            self.gaps.setdefault("cgroup", []).append(f"proc/{self.pid}/cgroup: {exc};")
+            return None
         if cg is not None:
             self._damaged("cgroup", cg.bad)
             if cg.not_captured:
@@ -327,7 +337,11 @@ class Readings:
 
     @cached_property
     def numa_nodes(self):
-        return numa.read_numa_nodes(self.root)
+        nodes = numa.read_numa_nodes(self.root)
+        unread = [f"sys/devices/system/node/node{n.node}/meminfo" for n in nodes if not n.meminfo_read]
+        if unread:  # a node whose free memory is not known cannot be judged as having none
+            self.gaps.setdefault("numa_nodes", []).extend(unread)
+        return nodes
 
     def iommu_for(self, devices: list[str]):
         return iommu.read_iommu(self.root, devices)

@@ -105,6 +105,7 @@ class PreflightResult(Result):
     not_captured: list[str] = field(default_factory=list)
     prometheus: str | None = None
     config: dict[str, Any] | None = None     # the site file and each setting's value and origin (--config)
+    torch: dict[str, Any] | None = None      # --allocator torch: what PyTorch asks the driver for, and the rules
     upgraded_from: int | None = None         # set when read from an older recorded result
 
     def check(self, check_id: str) -> CheckResult | None:

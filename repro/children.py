@@ -96,9 +96,19 @@ def spawn_child(spec: dict, rank: int, run: RunDir, prefix: str, join_files: lis
             with open(path, "w") as fh:
                 fh.write("0")
 
-    proc = subprocess.Popen([sys.executable, "-m", "repro.pinner", json.dumps(spec)], stdin=subprocess.PIPE,
+    python = spec.get("python")
+    if python and python != sys.executable:
+        # the launcher's interpreter: hostpin's directory goes last on its path, so that its own packages
+        # (torch and what torch needs) win over anything installed beside hostpin
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        argv = [python, "-c", "import runpy, sys; sys.path.append(sys.argv.pop(1)); "
+                "runpy.run_module('repro.pinner', run_name='__main__')", here, json.dumps(spec)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    else:
+        argv, env = [sys.executable, "-m", "repro.pinner", json.dumps(spec)], child_env()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                             stdout=log, stderr=subprocess.STDOUT, pass_fds=(w_fd,), preexec_fn=preexec,
-                            env=child_env())
+                            env=env)
     os.close(w_fd)
     log.close()
     return Child(rank, proc, r_fd, log_rel)

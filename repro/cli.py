@@ -38,8 +38,17 @@ def repro():
 
 @repro.command("register")
 @click.option("--size", type=SIZE, required=True, help=f"Bytes to pin per rank ({SIZE_EXAMPLE}).")
-@click.option("--method", type=click.Choice(["register", "hostalloc", "mlock"]), default="register", show_default=True,
-              help="cudaHostRegister of a mapped region, cudaHostAlloc, or mlock (no GPU; the same kernel fault path).")
+@click.option("--method", type=click.Choice(["register", "hostalloc", "mlock", "pin_memory"]), default="register",
+              show_default=True,
+              help="cudaHostRegister of a mapped region, cudaHostAlloc, or mlock (no GPU; the same kernel fault path). "
+                   "With --allocator torch: hostalloc is torch.empty(SIZE, pin_memory=True), register is "
+                   "torch.cuda.cudart().cudaHostRegister of a tensor's storage, pin_memory is Tensor.pin_memory() "
+                   "of the region.")
+@click.option("--allocator", type=click.Choice(["cuda", "torch"]), default="cuda", show_default=True,
+              help="Pin with cuda-bindings (cuda), or through PyTorch in the child (torch; catalog 18).")
+@click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
+              help="With --allocator torch: the interpreter the child runs under, the launcher's (default: "
+                   "hostpin's own); it must import torch.")
 @click.option("--register-flags", type=click.Choice(["default", "readonly", "portable", "mapped"]), default="default",
               show_default=True, help="cudaHostRegister flags (register only).")
 @click.option("--source", default="anon", show_default=True, metavar="anon|shm|file:PATH",
@@ -82,7 +91,7 @@ def repro():
 @json_option
 @out_option
 @json_errors("repro register")
-def register_cmd(size, method, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
+def register_cmd(size, method, allocator, python, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
                  read_rate, make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers,
                  device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out):
     """Pin SIZE for real in a child process while a watchdog (diag.watch) shows where the time goes.
@@ -114,11 +123,29 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
+    torch_call = None
+    if allocator == "torch":
+        if method == "mlock":
+            raise click.BadParameter("--allocator torch pins through PyTorch: use hostalloc, register or pin_memory",
+                                     param_hint="'--method'")
+        torch_call = {"hostalloc": "empty", "register": "register", "pin_memory": "pin_memory"}[method]
+        method = "hostalloc" if method == "pin_memory" else method
+        if matrix:
+            raise click.BadParameter("--matrix runs the cuda-bindings methods; give one --method with --allocator "
+                                     "torch", param_hint="'--matrix'")
+    elif method == "pin_memory":
+        raise click.BadParameter("pin_memory is PyTorch's: give --allocator torch", param_hint="'--method'")
+    elif python is not None:
+        raise click.BadParameter("--python goes with --allocator torch", param_hint="'--python'")
+    if python is not None and not os.access(python, os.X_OK):
+        raise click.BadParameter(f"{python!r} is not an executable file; give the launcher's interpreter, e.g. "
+                                 "/opt/venv/bin/python", param_hint="'--python'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
                         interval=interval, force=force, device=device, calibrate=not no_calibrate,
-                        register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers)
+                        register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers,
+                        allocator=allocator, torch_call=torch_call, python=python)
     if prefault_threads:
         opts.prefault_threads = prefault_threads
     try:

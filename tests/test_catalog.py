@@ -22,8 +22,8 @@ H200_DRIVER = (580, 159, 4)
 
 
 def test_every_entry_complete():
-    # MISSION.md's sixteen, and 17 measured on the H200 this round
-    assert [e.id for e in catalog.ENTRIES] == list(range(1, 18))
+    # MISSION.md's sixteen, 17 measured on the H200, 18 PyTorch's allocator rounding
+    assert [e.id for e in catalog.ENTRIES] == list(range(1, 19))
     for e in catalog.ENTRIES:
         assert e.title and e.predicts and e.signature and e.remedy and e.source, e.id
         assert set(e.bounds) <= set(catalog.BOUNDS), e.id

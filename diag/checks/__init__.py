@@ -121,13 +121,24 @@ class Plan:
     margin: str = "5%"               # of MemTotal, or a size
     reserve_bytes: int = 0           # per rank, beyond the table (e.g. measured staging memory)
     file: str | None = None          # the table's file, for --source file (its file system decides catalog 9)
+    allocator: str = "cuda"          # cuda: the launcher calls CUDA itself; torch: through PyTorch (catalog 18)
+    torch: dict | None = None        # diag.torchalloc.TorchRequest.to_dict() when allocator is torch
+
+    @property
+    def pinned_bytes(self) -> int | None:
+        """Per rank, what the driver is asked to pin: the size, or what PyTorch rounds it to."""
+        if self.torch and self.size_bytes:
+            return self.torch["request_bytes"]
+        return self.size_bytes
 
     @property
     def total_bytes(self) -> int | None:
-        return self.size_bytes * self.ranks if self.size_bytes else None
+        return self.pinned_bytes * self.ranks if self.size_bytes else None
 
     @property
     def per_call_bytes(self) -> int | None:
+        if self.torch and self.size_bytes:
+            return self.torch["per_call_bytes"]
         if self.chunk_bytes and self.size_bytes:
             return min(self.chunk_bytes, self.size_bytes)
         return self.size_bytes
@@ -141,6 +152,9 @@ class Plan:
         if not self.size_bytes:
             return f"no size given (--size): node state only, method {self.method}"
         chunk = f", chunks of {format_bytes(self.chunk_bytes)}" if self.chunk_bytes else ""
+        if self.torch:
+            return (f"{self.ranks} x {format_bytes(self.size_bytes)} through PyTorch, {format_bytes(self.pinned_bytes)} "
+                    f"pinned each by {self.method}{chunk}")
         return f"{self.ranks} x {format_bytes(self.size_bytes)} by {self.method}{chunk}"
 
 
