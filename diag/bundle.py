@@ -152,7 +152,8 @@ class Redactor:
                 if value not in self.node_names or len(value) < 4:
                     continue
                 before, after = r"(?<![\w/.-])", r"(?![\w/-])(?!\.\w)"
-            rx = re.compile(before + re.escape(value) + after)
+            # host names are case-insensitive (DNS): GPU-NODE-17 and Gpu-Node-17.cluster are the node too
+            rx = re.compile(before + re.escape(value) + after, re.IGNORECASE if kind == "HOST" else 0)
             text, n = rx.subn(token, text)
             if n:
                 self.counts[token] = self.counts.get(token, 0) + n
@@ -303,7 +304,9 @@ def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entri
     hosts = [manifest.get("host") or ""]
     if "root/proc/sys/kernel/hostname" in contents:
         hosts.append(contents["root/proc/sys/kernel/hostname"].decode("utf-8", "replace").strip())
-    redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h])
+    domain = contents.get("root/proc/sys/kernel/domainname", b"").decode("utf-8", "replace").strip()
+    domains = [domain] if domain and domain != "(none)" and len(domain) >= 4 else []  # the FQDN often ends in it
+    redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h] + domains)
     # every file is redacted as text, whatever its encoding: bytes that are not UTF-8 decode to
     # lone surrogates (surrogateescape), which no pattern matches and which encode back to the
     # same bytes, so one bad byte no longer exempts a whole file. A picture (PNG) cannot be

@@ -35,7 +35,7 @@ __all__ = ["Entry", "Facts", "ENTRIES", "BOUNDS", "entry", "for_bound", "for_che
 # The driver's own memory per pinned page, both methods: VmallocUsed rose 48.2 MiB for a touched
 # 4 GiB cudaHostAlloc and 192.6 MiB for a 16 GiB cudaHostRegister (1,048,576 and 4,194,304
 # pages: 48.2 and 48.1 B per page) on the H200 (open 580.159.04, kernel 6.18), each in a fresh
-# process, against the process's own baseline; bench/gpu_issue9.sh re-measures it with a
+# process, against the process's own baseline; bench/gpu_pin_accounting.sh re-measures it with a
 # control arm. Part of it is the page table nvos_create_alloc() kvzallocs since 580.65.06
 # (struct nvidia_pte_t: 16 B per page), part the os_lock_user_pages array (8 B per page).
 # Scaled to the node's page size: it is per page, whatever the page's size.

@@ -22,18 +22,13 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
-from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
+from .cliopts import (MAX_CUDA_TIMEOUT_S, MAX_RANKS, MAX_SAMPLE_S, RANKS, RATE, SIZE, FiniteRange, InputError,
+                      evidence_exit, json_option, open_run, out_option, unwritten_exit)
+from .units import SIZE_EXAMPLE, SizeError, parse_size
+from .watch.cli import watch as _watch
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
-
-
-class InputError(click.ClickException):
-    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
-    exit_code = EXIT_UNEVALUATED
-
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
 
 
 def unexpected(exc: BaseException, head: str) -> str:
@@ -76,54 +71,6 @@ def json_errors(command: str):
     return deco
 
 
-class SizeType(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RateType(click.ParamType):
-    name = "RATE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_rate(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RanksType(click.ParamType):
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        try:
-            n = int(value)
-        except (TypeError, ValueError):
-            n = None
-        if n is None or n < 1:
-            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
-        return n
-
-
-class FiniteRange(click.FloatRange):
-    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if rv != rv or rv in (float("inf"), float("-inf")):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return rv
-
-
-SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
 FLEET_AFTER = 6  # compare: more runs than this read as a fleet summary, not one column per run
 
 
@@ -142,11 +89,6 @@ def _margin(ctx, param, value):
     return text
 
 
-def out_option(f):
-    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
-
-
 def limits_options(f):
     f = click.option("--max-files", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Most files a bundle may hold or a run may list (default 20000).")(f)
@@ -158,93 +100,6 @@ def limits_options(f):
 def _limits(max_size: int | None, max_files: int | None):
     from .confined import Limits
     return Limits.for_total(max_size, max_files)
-
-
-def json_option(f):
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print the result as JSON on stdout (also when it fails).")(f)
-
-
-def open_run(out: Path | None, command: str, durable: bool = False, keep_going: bool = False):
-    """The command's run directory; InputError when it cannot be made, or with keep_going a run
-    that keeps nothing (RunDir.unkept, its `lost` says why): the command still decides."""
-    if not keep_going:
-        return _open_run(out, command, durable)
-    try:
-        return _open_run(out, command, durable)
-    except InputError as exc:
-        from .evidence import RunDir, new_run_dir
-        return RunDir.unkept(new_run_dir(out, command), command, exc.message, sys.argv)
-
-
-def _open_run(out: Path | None, command: str, durable: bool = False):
-    from .evidence import RunDir, new_run_dir
-    if out is not None and os.path.exists(out) and not os.path.isdir(out):
-        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
-                         "choose another with --out")
-    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
-        path = new_run_dir(out, command)
-        try:
-            return RunDir(path, command, sys.argv, durable=durable)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
-                             "choose another with --out") from None
-    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
-                     "choose another with --out")
-
-
-class GuardedStream:
-    """sys.stdout or sys.stderr, whose failed writes (a full disk under `2>>log`, /dev/full, a closed
-    pipe) are swallowed and remembered: a message that cannot be shown never changes what the
-    command decided, nor its exit code. main() makes stdout's failure exit 3 for a command that
-    had otherwise passed (the output could not be written)."""
-
-    def __init__(self, stream):
-        self.failed: str | None = None
-        if stream is None:  # the interpreter found the descriptor closed
-            stream, self.failed = open(os.devnull, "w", encoding="utf-8"), "it is closed"
-        self._stream = stream
-
-    def write(self, text):
-        try:
-            return self._stream.write(text)
-        except (OSError, ValueError) as exc:
-            self._fail(exc)
-            return len(text)
-
-    def flush(self):
-        try:
-            self._stream.flush()
-        except (OSError, ValueError) as exc:
-            self._fail(exc)
-
-    def _fail(self, exc):
-        if self.failed is None:
-            self.failed = getattr(exc, "strerror", None) or str(exc)
-        try:  # drop what is buffered, so that the interpreter's own flush at exit does not fail again
-            self._stream = open(os.devnull, "w", encoding="utf-8")
-        except OSError:
-            pass
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def evidence_exit(run, code: int) -> int:
-    """The exit code once the run is finished: as decided, or 3 for a success whose evidence could
-    not be kept (a full disk), said on stderr."""
-    if getattr(run, "lost", None) is None:
-        return code
-    click.echo(f"hostpin: error: the evidence could not be kept ({run.lost})", err=True)
-    return unwritten_exit(code)
-
-
-def unwritten_exit(code: int) -> int:
-    """The exit code once an output could not be written: what was decided stands (1 a failure, or
-    any code but 0), and a pass becomes 3, "could not write the output"."""
-    return EXIT_UNEVALUATED if code == EXIT_OK else code
 
 
 def _gate_format(argv: list[str]) -> str | None:
@@ -279,8 +134,6 @@ def _not_empty(ctx, param, value):
 
 
 _ANSWERED: int | None = None  # the exit code of a gate line already printed (--format line|npd)
-CALLER_UMASK: int | None = None  # the umask hostpin was started with, before it made its own files private
-COMMAND_EXIT = False  # the exit code is CMD's (`watch -- CMD`): an output that failed does not change it
 
 
 class HostpinGroup(click.Group):
@@ -417,10 +270,10 @@ def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
 @click.option("--no-cuda/--cuda", "no_cuda", default=False,
               help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
                    "site file says.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
-              help="Seconds before a hung CUDA probe is killed.")
-@click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
-              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
+@click.option("--sample", type=FiniteRange(min=0, max=MAX_SAMPLE_S), default=1.0, show_default=True,
+              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample; at most 60).")
 @click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
               help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
                    "12000pages/s); default: a figure per kind of device (see the README).")
@@ -473,9 +326,14 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
 
     if as_json and fmt != "table":
         raise click.UsageError("give --json or --format, not both")
-    from .checks import Plan, all_checks
+    probe = None
+    if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
+        from .cuda import ProbeRun
+        probe = ProbeRun(cuda_timeout)
+        click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
+    from .checks import Plan
+    from .checks.suite import all_checks
     from .preflight import run_preflight
-    from .render import render_preflight
     from .confined import PathRefused
     from .results import result_dict, write_result
 
@@ -533,7 +391,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate)
+                                       swap_rate=swap_rate, probe=probe)
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})
@@ -578,6 +436,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
             click.echo(f"hostpin: error: {why}", err=True)
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
+        from .render import render_preflight  # tabulate: the table alone needs it, not --json or the gate line
         click.echo(render_preflight(data))
     for why in filter(None, (prom_error, lost)):
         click.echo(f"hostpin: error: {why}", err=True)
@@ -589,7 +448,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
               help="Copy a tree from this directory instead of the live machine.")
 @click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
 @click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True)
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
 @json_option
 @out_option
 @json_errors("snapshot")
@@ -929,7 +789,5 @@ def _expand_runs(args) -> tuple[list[str], list[dict[str, str]]]:
             out.append(arg)
     return out, bad
 
-
-from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)
 
 cli.add_command(_watch)

@@ -69,18 +69,30 @@ def live_node_probe(root: Root) -> dict[str, Any]:
             "zswap_enabled": swap.read_zswap_enabled(root)}
 
 
-def load_node_probe(root_dir: Path) -> tuple[dict | None, str | None]:
-    """(probe, problem): the node probe kept next to a captured tree, if any."""
-    for candidate in (root_dir.parent / "probes" / "node.json", root_dir / "probes" / "node.json"):
-        if candidate.is_file() and not candidate.is_symlink():
-            try:
-                data = json.loads(candidate.read_bytes()[: 1 << 20])
-            except (OSError, ValueError) as exc:
-                return None, f"{candidate}: damaged ({type(exc).__name__})"
-            if not isinstance(data, dict):
-                return None, f"{candidate}: damaged (not an object)"
-            return data, None
+def load_node_probe(root: Root) -> tuple[dict | None, str | None]:
+    """(probe, problem): the node probe kept next to a captured tree (in the run that holds it as
+    root/, or in the tree itself), if any; read confined to them, at most 1 MiB."""
+    for where, data in (("probes/node.json beside the tree", root.beside("probes/node.json")),
+                        (root.display("probes/node.json"), _in_tree(root, "probes/node.json"))):
+        if data is None:
+            continue
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            return None, f"{where}: damaged ({type(exc).__name__})"
+        if not isinstance(parsed, dict):
+            return None, f"{where}: damaged (not an object)"
+        return parsed, None
     return None, None
+
+
+def _in_tree(root: Root, rel: str, limit: int = 1 << 20) -> bytes | None:
+    from .confined import Limits, PathRefused, open_dir
+    try:
+        with open_dir(root.path, Limits(total_bytes=limit, files=1, file_bytes=limit)) as d:
+            return d.read_bytes(rel, limit=limit) if d.is_file(rel) else None
+    except (OSError, PathRefused):
+        return None
 
 
 class Readings:
@@ -171,7 +183,7 @@ class Readings:
             return self._node_probe
         if self.root.live:
             return None
-        probe, problem = load_node_probe(self.root.path)
+        probe, problem = load_node_probe(self.root)
         if problem:
             self._damaged("node_probe", [problem])
         return probe

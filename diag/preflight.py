@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import cuda as cuda_mod
-from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict, all_checks
+from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict
+from .checks.suite import all_checks
 from .evidence import RunDir
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
 from .facts import DAMAGED, NOT_CAPTURED, OK, live_node_probe, node_facts
@@ -46,17 +47,11 @@ def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
     return None, NOT_CAPTURED
 
 
-def start_cuda_probe(timeout: float) -> tuple[threading.Thread, dict]:
-    """Start the child probe now so that it runs while the checks read /proc."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        box["started"] = time.time()
-        box["result"] = cuda_mod.probe_in_child(timeout)
-
-    thread = threading.Thread(target=work, name="cuda-probe", daemon=True)
-    thread.start()
-    return thread, box
+def start_cuda_probe(timeout: float, started: cuda_mod.ProbeRun | None = None) -> tuple[threading.Thread, dict]:
+    """Start the child probe now so that it runs while the checks read /proc (or take the one the
+    command line started before its imports)."""
+    run = started or cuda_mod.ProbeRun(timeout)
+    return run.thread, run.box
 
 
 def record_probe(run: RunDir | None, result: dict) -> None:
@@ -88,9 +83,11 @@ def _error_result(plan: Plan, root_dir: Path, root: Root, run: RunDir | None, ve
 def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = None, cuda: str = "probe",
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, skip: tuple[str, ...] = (),
                   sample_s: float = 1.0, strict: bool = False, pid: str | int = "self",
-                  cgroup_path: str | None = None, swap_rate: float | None = None) -> PreflightResult:
+                  cgroup_path: str | None = None, swap_rate: float | None = None,
+                  probe: cuda_mod.ProbeRun | None = None) -> PreflightResult:
     """cuda: 'probe' (child process), 'off' (--no-cuda), or 'captured' (read from the snapshot);
-    swap_rate: bytes per second the swap device gives a pin, when the user measured it.
+    swap_rate: bytes per second the swap device gives a pin, when the user measured it; probe: the
+    probe's child when the caller started it already (cuda 'probe' on the live node).
     Raises CgroupError when a --pid or --cgroup that was asked for cannot be found."""
     t0 = time.monotonic()
     root_dir = resolve_root(root_path)
@@ -98,7 +95,7 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
     probe_thread = box = None
     cuda_result, cuda_skip, cuda_state = None, None, OK
     if cuda == "probe" and root.live:
-        probe_thread, box = start_cuda_probe(cuda_timeout)
+        probe_thread, box = start_cuda_probe(cuda_timeout, started=probe)
     elif cuda == "off":
         cuda_skip, cuda_state = "CUDA probe off (--no-cuda)", OK
     else:

@@ -33,6 +33,7 @@ from .evidence import ManifestError, command_of, load_manifest, unrecorded_files
 from .facts import FACT_LABELS, node_facts
 from .results import result_shape_problem
 from .rootfs import Root
+from .safetext import one_line
 
 __all__ = ["Run", "open_run_path", "RunError", "RunMissing", "OutOfResources", "BUNDLE_TMP_PREFIX"]
 
@@ -114,6 +115,8 @@ class Run:
                     facts[key] = value
         if not facts.get("host"):
             facts["host"] = self.manifest.get("host")
+        # the run is anyone's: a text fact (the host, the kernel) is one line with no control character
+        facts = {k: one_line(v) if isinstance(v, str) else v for k, v in facts.items()}
         self._facts = facts
         return facts
 

@@ -17,7 +17,12 @@ import time
 from diag.cuda import child_env
 from diag.evidence import RunDir
 
-__all__ = ["Child", "spawn_child", "kill_and_wait"]
+__all__ = ["Child", "spawn_child", "kill_and_wait", "CHILD_RSS_BYTES"]
+
+# What one pinning child costs beside its region: an interpreter with json and ctypes loaded
+# (VmHWM 14.9 MiB beyond a 256 MiB region for --method mlock on the CI machine, bench/gpu_child_rss_and_foreign_text.sh
+# measures the CUDA methods); the headroom check counts it per rank.
+CHILD_RSS_BYTES = 16 << 20
 
 
 class Child:

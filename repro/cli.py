@@ -23,9 +23,12 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 
 import click  # noqa: E402
 
-from diag.cli import (RANKS, RATE, SIZE, FiniteRange, GuardedStream, InputError, _margin, cli,  # noqa: E402
-                      evidence_exit, json_errors, json_option, open_run, out_option, unexpected)
+from diag import cliopts  # noqa: E402
+from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
+                      json_option, open_run, out_option, unexpected)
+from diag.cliopts import GuardedStream, evidence_exit  # noqa: E402
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
+from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
 __all__ = ["main", "cli"]
@@ -123,6 +126,10 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
+        from .swapfile import swap_dir_problem
+        why = swap_dir_problem(swap_dir)
+        if why:
+            raise click.BadParameter(why, param_hint="'--swap-dir'")
     torch_call = None
     if allocator == "torch":
         if method == "mlock":
@@ -203,7 +210,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
 @click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
               help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
-@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
+@click.option("--settle-max", type=FiniteRange(min=0.2, max=120), default=3.0, show_default=True,
               help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
 @click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option
@@ -313,8 +320,13 @@ def main(argv: list[str] | None = None) -> None:
     for s in stops:
         signal.signal(s, _unwind)
     try:
-        _main(args, argv)
+        with guarded_output():  # nothing foreign reaches the terminal raw (diag.safetext)
+            _main(args, argv)
     finally:
+        if _FAILED_STREAMS:  # the interpreter's own flush at exit must not fail again (it would exit 120)
+            for name in _FAILED_STREAMS:
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            _FAILED_STREAMS.clear()
         # no signal came: the caller's handlers come back (a caller in the same process, such as a
         # test, must not keep SIG_IGN, which every child it starts would inherit through exec)
         if not fired:
@@ -322,13 +334,15 @@ def main(argv: list[str] | None = None) -> None:
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
+_FAILED_STREAMS: list[str] = []  # "stdout"/"stderr" that could not be written this command
+
+
 def _main(args: list[str], argv: list[str] | None) -> None:
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
     # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves.
     # CMD of `hostpin watch -- CMD` gets the caller's own umask back (diag.watch.launch).
-    from diag import cli as diag_cli
-    diag_cli.CALLER_UMASK = os.umask(0o077)
-    os.umask(diag_cli.CALLER_UMASK | 0o077)
+    cliopts.CALLER_UMASK = os.umask(0o077)
+    os.umask(cliopts.CALLER_UMASK | 0o077)
     # what cannot be shown (stderr on a full disk, /dev/full, a closed pipe) never changes the answer
     closed = _reopen_closed_std_fds()
     streams = sys.stdout, sys.stderr
@@ -339,14 +353,15 @@ def _main(args: list[str], argv: list[str] | None) -> None:
     try:
         code = _run(args, argv)
         out.flush()
-        if out.failed and code == EXIT_OK and not diag_cli.COMMAND_EXIT:  # the result itself was not written
+        if out.failed and code == EXIT_OK and not cliopts.COMMAND_EXIT:  # the result itself was not written
             click.echo(f"hostpin: error: could not write the output to stdout: {out.failed}", err=True)
             code = EXIT_UNEVALUATED
         err.flush()
     finally:
         if not (out.failed or err.failed):  # a caller in the same process (a test) gets its streams back
             sys.stdout, sys.stderr = streams
-        diag_cli.COMMAND_EXIT = False
+        _FAILED_STREAMS.extend(name for name, s in (("stdout", out), ("stderr", err)) if s.failed)
+        cliopts.COMMAND_EXIT = False
     sys.exit(code)
 
 

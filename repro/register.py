@@ -29,7 +29,7 @@ from diag.pagesize import live_page_size
 from diag.leftovers import cgroup_name
 
 from .cgroups import CgroupError, RunCgroup, block_device_for, file_device
-from .children import Child, kill_and_wait, spawn_child
+from .children import CHILD_RSS_BYTES, Child, kill_and_wait, spawn_child
 from .cleanup import Cleanup, Interrupted, leftovers_refusal
 from .filecache import FileCacheError, evict
 from .outcome import OUTCOMES, SLOW_FACTOR, exit_code_for, failure_catalog, summarize
@@ -221,8 +221,8 @@ def safety(opts: ReproOptions) -> dict | None:
     plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.driver_method, thp=opts.thp, margin=opts.margin,
                 chunk_bytes=opts.chunk, allocator=opts.allocator,
                 torch=req.to_dict() if req is not None and opts.torch_call != "register" else None,
-                # Tensor.pin_memory(): the source stays resident beside its pinned copy
-                reserve_bytes=opts.size if opts.torch_call == "pin_memory" else 0)
+                # each child's own RSS, and for Tensor.pin_memory() the source resident beside its pinned copy
+                reserve_bytes=CHILD_RSS_BYTES + (opts.size if opts.torch_call == "pin_memory" else 0))
     ctx = Context(Root("/"), plan, sample_s=0)
     verdict = headroom(ctx)
     if verdict.status in (FAIL, WARN):

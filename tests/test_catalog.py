@@ -30,7 +30,7 @@ def test_every_entry_complete():
         assert all(n in catalog.CUDA_ERROR_CODES for n in e.cuda_errors), e.id
         assert all(hasattr(errno, n) for n in e.errnos), e.id
         json.dumps(e.to_dict())
-    from diag.checks import all_checks
+    from diag.checks.suite import all_checks
     ids = {c.id for c in all_checks()}
     assert {e.check for e in catalog.ENTRIES if e.check} <= ids
     # the two entries the node cannot predict say so, and have no condition

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from diag import catalog
-from diag.checks import ERROR, FAIL, PASS, SKIP, WARN, Plan, all_checks, register
+from diag.checks import ERROR, FAIL, PASS, SKIP, WARN, Plan, register
+from diag.checks.suite import all_checks
 from diag.checks import _REGISTRY
 from diag.checks.memory import CGROUP_BYTES_PER_PAGE
 from diag.preflight import run_preflight
@@ -732,3 +733,15 @@ def test_a_read_only_registration_of_a_private_file_warns_catalog_17(run_cli):
     r = run_cli(*args)
     kernel = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "kernel")
     assert kernel["status"] == "pass" and 17 not in kernel["predicted"]
+
+
+def test_a_missing_cgroup_points_to_the_option_that_keeps_the_check(tmp_path):
+    """The H200 reference capture lacks the process's cgroup line: the remedy names --cgroup (which
+    keeps the headroom check, judged against MemAvailable), not --skip headroom (which drops it)."""
+    from conftest import hostpin
+    base = ["preflight", "--root", str(REFERENCE), "--size", "47.2GiB", "--ranks", "2", "--no-cuda", "--skip", "psi",
+            "--json", "--out", str(tmp_path)]
+    head = next(c for c in json.loads(hostpin(*base).stdout)["checks"] if c["id"] == "headroom")
+    assert head["status"] == ERROR and "--cgroup none" in head["remedy"] and "--skip" not in head["remedy"]
+    followed = next(c for c in json.loads(hostpin(*base, "--cgroup", "none").stdout)["checks"] if c["id"] == "headroom")
+    assert followed["status"] in (PASS, FAIL) and "MemAvailable" in followed["summary"]

@@ -8,6 +8,9 @@ into the run's evidence, and shared with the run's node facts. The gate fails cl
 - a needed reading missing from a captured tree is "not captured": `error` where the check's
   answer decides the verdict (it can fail this plan, or warn under --strict), else `skip`;
 - a reading the live node does not have (a kernel feature that is off) is the check's to judge.
+
+This package is the registry the check modules import; it imports none of them.
+diag.checks.suite imports every check module and lists them (`all_checks`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..rootfs import Root
 from .. import vmstat
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "ERROR", "STATUS_ORDER", "Verdict", "Check", "Plan", "Context",
-           "register", "all_checks", "METHODS", "never"]
+           "register", "METHODS", "never"]
 
 PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
 STATUS_ORDER = {ERROR: 0, FAIL: 1, WARN: 2, PASS: 3, SKIP: 4}
@@ -69,7 +72,8 @@ class Check:
                                "hostpin bug worth a report", evidence={"damaged_fact": fact}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE) and self.decides(ctx):
                 return Verdict(ERROR, f"{state}: {what}; this check decides the verdict for this plan",
-                               f"capture it (hostpin snapshot, as root), or accept the gap with --skip {self.id}",
+                               _GAP_REMEDY.get(fact, f"capture it (hostpin snapshot, as root), or accept the gap "
+                                                     f"with --skip {self.id}"),
                                evidence={"missing_fact": fact, "state": state}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE):
                 return Verdict(SKIP, f"{state}: {what}", evidence={"missing_fact": fact, "state": state},
@@ -88,6 +92,12 @@ class Check:
 
 _REGISTRY: list[Check] = []
 
+# a gap that an option fills while the check still runs: --skip would drop the whole check
+_GAP_REMEDY = {
+    "cgroup": "capture it (hostpin snapshot, as root), name the pinner's memory cgroup with --cgroup PATH, or say "
+              "it runs in none with --cgroup none (the check still judges MemAvailable)",
+}
+
 
 def never(plan: "Plan") -> bool:
     return False
@@ -100,11 +110,6 @@ def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[in
         _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {}), uses))
         return func
     return wrap
-
-
-def all_checks() -> list[Check]:
-    from . import cotenants, fragmentation, leftovers, memory, platform  # noqa: F401  (registration on import)
-    return list(_REGISTRY)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from . import ERROR, FAIL, PASS, SKIP, WARN, Context, Verdict, register
 # cudaHostAlloc raised memory.current by 4,113 MiB on the H200 (580.159.04, kernel 6.18, fresh child
 # cgroup): 17 MiB over 1,048,576 pages, mostly the mapping's page tables. The driver's own
 # 48 B/page (catalog.DRIVER_BYTES_PER_PAGE) is vmalloc'd without __GFP_ACCOUNT and is not charged;
-# it comes out of MemAvailable. bench/gpu_issue9.sh re-measures both for both methods.
+# it comes out of MemAvailable. bench/gpu_pin_accounting.sh re-measures both for both methods.
 CGROUP_BYTES_PER_PAGE = 17
 
 # Dirty and writeback page cache is reclaimable only once written: counted in the headroom at this

@@ -6,8 +6,8 @@ import signal
 
 import click
 
-from .. import cli as diag_cli
-from ..cli import SIZE, json_option, open_run, out_option, unwritten_exit
+from .. import cliopts
+from ..cliopts import SIZE, FiniteRange, json_option, open_run, out_option, unwritten_exit
 from ..exitcodes import EXIT_INTERRUPTED
 from ..units import SIZE_EXAMPLE
 
@@ -35,14 +35,14 @@ class _Heartbeat:
 @click.option("--size", type=SIZE, default=None,
               help=f"Bytes the pin covers, one call of one process ({SIZE_EXAMPLE}); for percent done and the ETA "
                    "where the process itself does not show the total.")
-@click.option("--interval", type=click.FloatRange(min=0.05, max=10), default=0.5, show_default=True,
+@click.option("--interval", type=FiniteRange(min=0.05, max=10), default=0.5, show_default=True,
               help="Seconds between samples.")
-@click.option("--deadline", type=click.FloatRange(min=1), default=None,
+@click.option("--deadline", type=FiniteRange(min=1), default=None,
               help="Stop watching after this many seconds (default: when the pin returns or the process exits).")
-@click.option("--stall-after", type=click.FloatRange(min=0.5), default=120.0, show_default=True,
+@click.option("--stall-after", type=FiniteRange(min=0.5), default=120.0, show_default=True,
               help="No progress for this long inside a pin: every thread's stack is kept and a line printed "
                    "(the process is left alone).")
-@click.option("--heartbeat", type=click.FloatRange(min=0.5), default=None,
+@click.option("--heartbeat", type=FiniteRange(min=0.5), default=None,
               help="Seconds between stderr lines during a pin phase (launcher form: default 30; --pid: off, a "
                    "terminal gets a live line instead).")
 @json_option
@@ -70,7 +70,7 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     CMD cannot be run; evidence that could not be kept is a warning, never another code.
     """
     from .attach import WatchOptions
-    from ..results import write_result
+    from ..resultbase import write_result
     from .render import ProgressLine, render_watch
 
     if (pid is None) == (not command):
@@ -92,9 +92,9 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
         else:
             signal.signal(signal.SIGTERM, old)  # the launcher passes SIGTERM on to CMD instead
             from .launch import run_command
-            diag_cli.COMMAND_EXIT = True  # the exit code is CMD's, whatever could not be written
+            cliopts.COMMAND_EXIT = True  # the exit code is CMD's, whatever could not be written
             result = run_command(list(command), opts, run, heartbeat=lambda line: click.echo(line, err=True),
-                                 umask=diag_cli.CALLER_UMASK)
+                                 umask=cliopts.CALLER_UMASK)
     finally:
         signal.signal(signal.SIGTERM, old)
     data = write_result(run, result)
