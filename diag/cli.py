@@ -23,7 +23,7 @@ import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .cliopts import (MAX_CUDA_TIMEOUT_S, MAX_RANKS, MAX_SAMPLE_S, RANKS, RATE, SIZE, FiniteRange, InputError,
-                      json_option, open_run, out_option)
+                      evidence_exit, json_option, open_run, out_option, unwritten_exit)
 from .units import SIZE_EXAMPLE, SizeError, parse_size
 from .watch.cli import watch as _watch
 
@@ -334,7 +334,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     from .checks import Plan
     from .checks.suite import all_checks
     from .preflight import run_preflight
-    from .results import write_result
+    from .confined import PathRefused
+    from .results import result_dict, write_result
 
     known = {c.id for c in all_checks()}
     if "none" in skip:  # clears what came before it (the site file's list, or earlier --skip)
@@ -382,7 +383,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
                     readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file,
                     allocator=allocator, torch=torch_plan)
-        run = open_run(out, "preflight")
+        # the verdict never depends on whether its evidence can be kept: judged all the same
+        run = open_run(out, "preflight", keep_going=True)
         cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
         with evaluating(str(root) if root is not None else "this node"):
             try:
@@ -397,42 +399,47 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     finally:
         if opened is not None:
             opened.close()
-    result.run_dir = str(run.path)
+    result.run_dir = str(run.path) if run.made else None
     prom_error = None
     if prometheus is not None:
-        import stat as _stat
         import time as _time
         from .prometheus import write_textfile
         try:
-            st = os.lstat(prometheus) if os.path.lexists(prometheus) else None
-            if st is not None and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISLNK(st.st_mode)):
-                raise OSError(0, "not a regular file (it is replaced by a rename, so only a file is written)")
             result.prometheus = str(write_textfile(result, prometheus, _time.time()))
-        except OSError as exc:
-            prom_error = f"cannot write {prometheus}: {exc.strerror or exc}"
+        except (OSError, PathRefused) as exc:
+            prom_error = f"cannot write {prometheus}: {getattr(exc, 'strerror', None) or exc}"
             result.errors.append(f"prometheus: {prom_error}")
-            result.status, result.exit_code = "error", EXIT_UNEVALUATED
-            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror or exc})"
+            result.verdict += f"; and the Prometheus file could not be written ({prom_error})"
     from .config import record_config
     record_config(run, result)
     data = write_result(run, result)
+    lost = run.lost
+    if lost:
+        lost = f"the evidence could not be kept ({lost})"
+        result.errors.append(f"evidence: {lost}")
+        result.verdict += f"; {lost}"
+    if lost or prom_error:  # judged first: a failed plan stays 1, a pass whose output was not written is 3
+        result.exit_code = unwritten_exit(result.exit_code)
+        data = result_dict(result)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
         global _ANSWERED
-        from .gate import npd_exit_code, short_line, unevaluated_line
-        # the cause first: what could not be written, not the verdict it was appended to
-        click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        from .gate import npd_exit_code, short_line
+        # the verdict, decided first; what could not be written goes to stderr below
+        click.echo(short_line(data))
         # the answer is given: a Ctrl-C from now on must not turn it into "interrupted" (HostpinGroup.main)
         _ANSWERED = npd_exit_code(data) if fmt == "npd" else result.exit_code
-        if data.get("status") not in ("pass", "warn", "fail") or prom_error:
-            click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
+        if data.get("status") not in ("pass", "warn", "fail"):
+            click.echo(f"hostpin: error: {data.get('verdict')}", err=True)  # the whole message
+        for why in filter(None, (prom_error, lost)):
+            click.echo(f"hostpin: error: {why}", err=True)
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
         from .render import render_preflight  # tabulate: the table alone needs it, not --json or the gate line
         click.echo(render_preflight(data))
-    if prom_error:
-        click.echo(f"hostpin: error: {prom_error}", err=True)
+    for why in filter(None, (prom_error, lost)):
+        click.echo(f"hostpin: error: {why}", err=True)
     return result.exit_code
 
 
@@ -468,18 +475,22 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
                    f"(reasons in manifest.json); CUDA: {cuda['status'] + ': ' + (cuda['message'] or '') if cuda else 'not probed'}")
         click.echo(f"evidence: {result['run_dir']}")
         click.echo(f"read it back: hostpin preflight --root {result['run_dir']}")
-    return EXIT_OK if result["files"] else EXIT_UNEVALUATED
+    return evidence_exit(run, EXIT_OK if result["files"] else EXIT_UNEVALUATED)
 
 
 def _open(path: str, limits=None):
     from .confined import DEFAULT_LIMITS
-    from .runs import RunError, RunMissing, open_run_path
+    from .runs import OutOfResources, RunError, RunMissing, open_run_path
     if not str(path).strip():  # '' is not the current directory
         raise click.BadParameter("an empty name is not a run; give a run directory or a bundle", param_hint="RUN")
     try:
         return open_run_path(path, limits or DEFAULT_LIMITS)
     except RunMissing as exc:
         raise click.BadParameter(str(exc), param_hint="RUN") from None
+    except OutOfResources as exc:
+        error = InputError(str(exc))
+        error.ours = True  # hostpin's own limits (ulimit -n, TMPDIR's space), not the run's damage
+        raise error from None
     except RunError as exc:
         raise InputError(str(exc)) from None
 
@@ -490,6 +501,18 @@ def _owns(path: Path) -> bool:
     except OSError:
         return False
     return st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def _streamed(output: Path) -> bool:
+    """Whether -o is written through (stdout, a pipe, a terminal): nothing is put beside it."""
+    return str(output) == "-" or (os.path.lexists(output) and not os.path.isfile(output))
+
+
+def _inside(output: Path, run_path: Path) -> bool:
+    """Whether the file -o names would land inside the run directory (through links, .. or not)."""
+    parent = os.path.realpath(output.parent if str(output.parent) else ".")
+    top = os.path.realpath(run_path)
+    return parent == top or parent.startswith(top.rstrip("/") + "/")
 
 
 def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
@@ -541,6 +564,10 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
 
     run = _open(run_path, _limits(max_size, max_files))
     try:
+        if output is not None and not run.from_bundle and _inside(output, run.path):
+            raise click.BadParameter(f"{output} is inside the run being read ({run_path}), whose files are its "
+                                     "evidence; write the report elsewhere (a run of yours keeps report.md anyway)",
+                                     param_hint="'-o'")
         keep_in_run = not run.from_bundle and _owns(run.path)
         picture = None
         with evaluating(run_path):
@@ -556,7 +583,7 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                         picture = add_after_run(run.path, "timeline.png", png, "picture")
                     except (OSError, ValueError) as exc:
                         click.echo(f"hostpin: note: timeline.png not kept in the run: {exc}", err=True)
-                elif png and output:
+                elif png and output and not _streamed(output):
                     try:
                         picture = _write_beside(output, "timeline.png", png).name
                     except OSError as exc:
@@ -566,9 +593,9 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                                "written with -o FILE", err=True)
             text = render_report(run, fmt=fmt, picture=picture)
         if output:
-            from .confined import PathRefused, replace_output
-            try:  # a new file renamed over -o: a link there is replaced, a pipe or device refused
-                replace_output(output, text.encode())
+            from .confined import PathRefused, write_output
+            try:  # a new file renamed over -o, or through a pipe or terminal (-, /dev/stdout); a link never replaced
+                write_output(output, text.encode())
             except PathRefused as exc:
                 raise InputError(f"cannot write the report to {output}: {exc}") from None
             except OSError as exc:
@@ -615,16 +642,21 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
             raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
         except BundleError as exc:
             raise InputError(str(exc)) from None
+    streamed = result["streamed"]  # the bundle went to stdout or a pipe: what is said about it goes to stderr
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(result, indent=2), err=streamed)
     else:
-        partial = (f"; PARTIAL run (killed at {result['killed_at']}): "
+        stopped = result.get("stopped")
+        ended = (f"stopped at {stopped['at']}: its evidence could not be written" if stopped
+                 else f"killed at {result['killed_at']}")
+        partial = (f"; PARTIAL run ({ended}): "
                    + (f"{len(result['unrecorded'])} files it did not get to record are kept and marked "
                       f"({', '.join(result['unrecorded'][:4])})" if result["unrecorded"] else "its journal verified")
                    if result["partial"] else "")
         click.echo(f"bundle: {result['bundle']} ({result['files']} files, {result['bytes']:,} bytes, every file "
                    f"verified against the manifest{partial}"
-                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
+                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})",
+                   err=streamed)
     return EXIT_OK
 
 
@@ -665,11 +697,16 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     limits = _limits(max_size, max_files)
     opened = []
     try:
-        for path in paths:
+        for path in paths:  # each read and given back at once: one directory open, one bundle unpacked
             try:
-                opened.append(_open(path, limits))
+                run = _open(path, limits)
+                try:
+                    with evaluating(path):
+                        opened.append(run.detach())
+                finally:
+                    run.close()
             except InputError as exc:
-                if not fleet:
+                if not fleet or getattr(exc, "ours", False):
                     raise
                 why = exc.message[len(path):].lstrip(": ") if exc.message.startswith(path) else exc.message
                 unreadable.append({"path": path, "problem": why})

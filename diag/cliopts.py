@@ -12,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from .exitcodes import EXIT_UNEVALUATED
+from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .units import SizeError, parse_rate, parse_size
 
 __all__ = ["InputError", "SizeType", "RateType", "RanksType", "FiniteRange", "SIZE", "RATE", "RANKS",
-           "out_option", "json_option", "open_run"]
+           "out_option", "json_option", "open_run", "GuardedStream", "evidence_exit", "unwritten_exit",
+           "CALLER_UMASK", "COMMAND_EXIT"]
 
 
 class InputError(click.ClickException):
@@ -81,6 +82,8 @@ class FiniteRange(click.FloatRange):
 
 
 SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
+CALLER_UMASK: int | None = None  # the umask hostpin was started with, before it made its own files private
+COMMAND_EXIT = False  # the exit code is CMD's (`watch -- CMD`): an output that failed does not change it
 
 
 def out_option(f):
@@ -93,7 +96,19 @@ def json_option(f):
                         help="Print the result as JSON on stdout (also when it fails).")(f)
 
 
-def open_run(out: Path | None, command: str, durable: bool = False):
+def open_run(out: Path | None, command: str, durable: bool = False, keep_going: bool = False):
+    """The command's run directory; InputError when it cannot be made, or with keep_going a run
+    that keeps nothing (RunDir.unkept, its `lost` says why): the command still decides."""
+    if not keep_going:
+        return _open_run(out, command, durable)
+    try:
+        return _open_run(out, command, durable)
+    except InputError as exc:
+        from .evidence import RunDir, new_run_dir
+        return RunDir.unkept(new_run_dir(out, command), command, exc.message, sys.argv)
+
+
+def _open_run(out: Path | None, command: str, durable: bool = False):
     from .evidence import RunDir, new_run_dir
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
@@ -109,3 +124,55 @@ def open_run(out: Path | None, command: str, durable: bool = False):
                              "choose another with --out") from None
     raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
                      "choose another with --out")
+
+
+class GuardedStream:
+    """sys.stdout or sys.stderr, whose failed writes (a full disk under `2>>log`, /dev/full, a closed
+    pipe) are swallowed and remembered: a message that cannot be shown never changes what the
+    command decided, nor its exit code. main() makes stdout's failure exit 3 for a command that
+    had otherwise passed (the output could not be written)."""
+
+    def __init__(self, stream):
+        self.failed: str | None = None
+        if stream is None:  # the interpreter found the descriptor closed
+            stream, self.failed = open(os.devnull, "w", encoding="utf-8"), "it is closed"
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc):
+        if self.failed is None:
+            self.failed = getattr(exc, "strerror", None) or str(exc)
+        try:  # drop what is buffered, so that the interpreter's own flush at exit does not fail again
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+        except OSError:
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def evidence_exit(run, code: int) -> int:
+    """The exit code once the run is finished: as decided, or 3 for a success whose evidence could
+    not be kept (a full disk), said on stderr."""
+    if getattr(run, "lost", None) is None:
+        return code
+    click.echo(f"hostpin: error: the evidence could not be kept ({run.lost})", err=True)
+    return unwritten_exit(code)
+
+
+def unwritten_exit(code: int) -> int:
+    """The exit code once an output could not be written: what was decided stands (1 a failure, or
+    any code but 0), and a pass becomes 3, "could not write the output"."""
+    return EXIT_UNEVALUATED if code == EXIT_OK else code

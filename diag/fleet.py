@@ -83,7 +83,7 @@ def _doubts(r: Run) -> list[str]:
     """Why a run that was read cannot be vouched for: files that differ from its manifest, or no
     manifest.json at all (read from its journal: killed before it finished, or the manifest removed)."""
     out = list(r.problems)
-    if r.partial and not r.is_file("manifest.json"):
+    if r.partial and r.journal_only:
         out.insert(0, "no manifest.json: read from its journal (killed before it finished, or the manifest "
                       "was removed)")
     return out

@@ -72,7 +72,7 @@ def _facts_table(run: Run, md: bool) -> str:
     if plan:
         rows.append(["plan", plan])
     rows.append(["command", " ".join(map(str, run.manifest.get("argv", [])[1:])) or run.command])
-    end = run.manifest.get("finished") or (f"partial, killed at {run.killed_at}" if run.partial else "not finished")
+    end = run.manifest.get("finished") or (f"partial, {run.ended}" if run.partial else "not finished")
     rows.append(["run", f"{run.manifest.get('started') or '?'} .. {end}"])
     safe = md_cell if md else one_line  # every value came from the run: anyone's text
     return tabulate([[label, safe(value)] for label, value in rows], headers=["fact", "value"],
@@ -348,15 +348,14 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
         r = dict(r, verdict="UNCORRECTED, recorded before hostpin counted the per-CPU free lists: " + str(r.get("verdict")))
     title = one_line(f"hostpin {run.command}: {str(status).upper()}")
     verdict = one_line(r.get("verdict")) if r.get("verdict") else (
-        f"partial, killed at {run.killed_at or 'an unknown time'}: the run stopped before it finished and left no "
+        f"partial, {one_line(run.ended)}: the run {'has not' if run.running else 'stopped before it'} finished and left no "
         "result; the timeline, stacks and files it wrote are below" if run.partial
         else "(no verdict: the run did not finish; see manifest.jsonl)")
     parts = [f"# {md_cell(title)}\n\n**{md_cell(verdict)}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]
     if run.partial:
-        note = (f"partial run, killed at {run.killed_at or 'an unknown time'}: the entries its journal has were "
-                "verified")
+        note = f"partial run, {md_cell(run.ended) if md else one_line(run.ended)}: the entries its journal has were verified"
         if run.unrecorded:
-            note += ("; written but not recorded before it was killed (kept as they are): "
+            note += ("; written but not recorded before it ended (kept as they are): "
                      + ", ".join(map(md_cell if md else one_line, run.unrecorded[:8]))
                      + (" ..." if len(run.unrecorded) > 8 else ""))
         parts.append(("> **Note:** " if md else "NOTE: ") + note + "\n")

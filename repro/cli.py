@@ -23,8 +23,10 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 
 import click  # noqa: E402
 
+from diag import cliopts  # noqa: E402
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
                       json_option, open_run, out_option, unexpected)
+from diag.cliopts import GuardedStream, evidence_exit  # noqa: E402
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
 from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
@@ -164,7 +166,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         result = run_matrix(opts, run)
         run.finish(result)
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
-        return result["exit_code"]
+        return evidence_exit(run, result["exit_code"])
     from diag.results import ReproRegisterResult, write_result
     bar = ProgressLine()
     try:
@@ -183,7 +185,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     result["exit_code"] = exit_code_for(result["outcome"])
     data = write_result(run, ReproRegisterResult.from_dict(result))
     click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
-    return result["exit_code"]
+    return evidence_exit(run, result["exit_code"])
 
 
 @repro.command("staging")
@@ -250,7 +252,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     result.exit_code = exit_code_for(result.outcome)
     doc = write_result(run, result)
     click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
-    return result.exit_code
+    return evidence_exit(run, result.exit_code)
 
 
 def _json_error(argv: list[str], message: str, exit_code: int) -> None:
@@ -321,6 +323,10 @@ def main(argv: list[str] | None = None) -> None:
         with guarded_output():  # nothing foreign reaches the terminal raw (diag.safetext)
             _main(args, argv)
     finally:
+        if _FAILED_STREAMS:  # the interpreter's own flush at exit must not fail again (it would exit 120)
+            for name in _FAILED_STREAMS:
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            _FAILED_STREAMS.clear()
         # no signal came: the caller's handlers come back (a caller in the same process, such as a
         # test, must not keep SIG_IGN, which every child it starts would inherit through exec)
         if not fired:
@@ -328,32 +334,83 @@ def main(argv: list[str] | None = None) -> None:
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
+_FAILED_STREAMS: list[str] = []  # "stdout"/"stderr" that could not be written this command
+
+
 def _main(args: list[str], argv: list[str] | None) -> None:
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
-    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
-    os.umask(os.umask(0o077) | 0o077)
+    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves.
+    # CMD of `hostpin watch -- CMD` gets the caller's own umask back (diag.watch.launch).
+    cliopts.CALLER_UMASK = os.umask(0o077)
+    os.umask(cliopts.CALLER_UMASK | 0o077)
+    # what cannot be shown (stderr on a full disk, /dev/full, a closed pipe) never changes the answer
+    closed = _reopen_closed_std_fds()
+    streams = sys.stdout, sys.stderr
+    out, err = sys.stdout, sys.stderr = GuardedStream(sys.stdout), GuardedStream(sys.stderr)
+    for fd, stream in ((1, out), (2, err)):
+        if fd in closed:
+            stream.failed = "it is closed"
+    try:
+        code = _run(args, argv)
+        out.flush()
+        if out.failed and code == EXIT_OK and not cliopts.COMMAND_EXIT:  # the result itself was not written
+            click.echo(f"hostpin: error: could not write the output to stdout: {out.failed}", err=True)
+            code = EXIT_UNEVALUATED
+        err.flush()
+    finally:
+        if not (out.failed or err.failed):  # a caller in the same process (a test) gets its streams back
+            sys.stdout, sys.stderr = streams
+        _FAILED_STREAMS.extend(name for name, s in (("stdout", out), ("stderr", err)) if s.failed)
+        cliopts.COMMAND_EXIT = False
+    sys.exit(code)
+
+
+def _reopen_closed_std_fds() -> set[int]:
+    """Started with stdin, stdout or stderr closed (`>&-`), the next file hostpin opens would take
+    its number and receive what is meant for it: each closed one is /dev/null instead."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        new = os.open(os.devnull, os.O_RDWR)
+        if new != fd:
+            os.dup2(new, fd)
+            os.close(new)
+    if 1 in closed:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    if 2 in closed:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    return closed
+
+
+def _run(args: list[str], argv: list[str] | None) -> int:
+    """The command's exit code, from the one table (diag/exitcodes.py), on every path."""
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
         if not getattr(exc, "json_printed", False):
             _json_error(args, exc.format_message(), EXIT_USAGE)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except click.ClickException as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:  # sys.exit(N) from inside a command (the gate's one line, interrupted)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_UNEVALUATED)
     except Exception as exc:  # a bug: still one line, and where; HOSTPIN_DEBUG=1 for the traceback
         if os.environ.get("HOSTPIN_DEBUG"):
             raise
         click.echo(f"hostpin: error: {unexpected(exc, 'internal error')}", err=True)
-        sys.exit(EXIT_UNEVALUATED)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return EXIT_UNEVALUATED
+    return rv if isinstance(rv, int) else EXIT_OK
 
 
 if __name__ == "__main__":
