@@ -386,7 +386,7 @@ def _pinning(t: float, swap: int, state: str = "D") -> dict:
 @pytest.mark.parametrize("how, outcome", [
     ({"state": "zombie", "threads": 1, "signal": 15}, "exited"),   # SIGTERM inside the pin
     ({"state": "exiting", "threads": 1, "signal": 9}, "exited"),   # SIGKILL pending, memory going
-    (None, "exited"),                                              # gone, nothing known
+    (None, "unknown"),                                             # vanished between samples, nothing known
     ({"state": "zombie", "threads": 1, "exit": 0}, "completed"),   # exit() from user space: it had returned
 ])
 def test_a_process_that_dies_inside_the_pin_exited(how, outcome):
@@ -405,6 +405,7 @@ def test_a_process_that_dies_inside_the_pin_exited(how, outcome):
         book.update(s)
     r, = book.results()
     assert r.outcome == outcome and r.pct == pytest.approx(50.0), (r.outcome, r.pct)
+    assert ("outcome unknown" in " ".join(r.notes)) == (outcome == "unknown") and r.eta_error is None
     # a recorded timeline's zombie (before the sampler left them out): never read as 100%
     book = PhaseBook()
     zombie = _pinning(3.5, 0, state="Z")

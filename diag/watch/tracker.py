@@ -17,7 +17,13 @@ result keeps. Progress is counted on one basis:
   whose pages are counted as the node's shared memory before they are mapped into the process.
 - ``auto`` (a process hostpin did not start): swap while the bound is swap-in, else shmem
   when it grows, else resident, else pins.
+- ``read``: the process's read_bytes above its start (a load phase reading a file).
 - ``vm:COUNTER``: any counter of the samples' "vm" (a recorded timeline's own progress).
+
+An ETA comes from the phase it predicts, at that phase's rate: the pages still in VmSwap at
+the swap-in rate only while the phase itself is bound by swap-in (a pinned allocation before
+a copy from swap must not be predicted from the copy's swap), else the pages left at the
+phase's own progress rate.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from typing import Any
 
 from .bounds import catalog_for, classify, estimate_eta
 
-__all__ = ["Tracker", "progress_signature", "moved", "targets_sum"]
+__all__ = ["Tracker", "progress_signature", "moved", "targets_sum", "judged"]
 
 
 def targets_sum(sample: dict, key: str, pids=None) -> int:
@@ -34,6 +40,18 @@ def targets_sum(sample: dict, key: str, pids=None) -> int:
         if pids is None or str(pid) in pids or pid in pids:
             total += p.get(key) or 0
     return total
+
+
+def judged(eta: dict | None, seconds: float | None, bound: str | None) -> float | None:
+    """The error of an ETA against the real end, as a fraction, where the prediction can be
+    judged: made inside the phase, before its end, for the work the phase was doing (its bound
+    then is the phase's bound). An ETA made from another kind of work (a pinned allocation
+    predicted from the swap a copy will read later) predicted something else: no error."""
+    if not eta or not seconds or eta.get("at_s") is None or eta["at_s"] >= seconds:
+        return None
+    if eta.get("bound") is not None and eta["bound"] != bound:
+        return None
+    return round((eta["predicted_total_s"] - seconds) / seconds, 4)
 
 
 def _pins(sample: dict) -> int:
@@ -119,6 +137,7 @@ class Tracker:
             "rss0": targets_sum(sample, "vm_rss", self.pids),
             "shm0": targets_sum(sample, "rss_shmem", self.pids),
             "swap0": targets_sum(sample, "vm_swap", self.pids),
+            "read0": targets_sum(sample, "read_bytes", self.pids),
             "node_shm0": (sample.get("mem") or {}).get("Shmem") or 0,
         }
         if self.basis_wanted.startswith("vm:"):
@@ -175,6 +194,8 @@ class Tracker:
             return self.expected - min(self.expected, swap)
         if basis == "pins":
             done = _pins(sample) - b["pins"]
+        elif basis == "read":
+            done = (targets_sum(sample, "read_bytes", self.pids) - b["read0"]) // page
         elif basis.startswith("vm:"):
             done = (sample.get("vm") or {}).get(basis[3:], 0) - b.get(basis, 0)
         elif basis == "shmem":
@@ -228,7 +249,9 @@ class Tracker:
             rate = self._rate(t)
         swap_left = targets_sum(sample, "vm_swap", self.pids) // self.page
         if len(inside) >= 2 and inside[-1]["t"] - inside[0]["t"] >= self.window_s / 2 - 1e-6:
-            eta = estimate_eta(inside, done, self.expected, swap_left, self.clean_pages_s, rate, self.pids, self.page)
+            # the pages still in swap predict this phase only while swap-in is what it waits on
+            eta = estimate_eta(inside, done, self.expected, swap_left if c["bound"] == "swap-in" else None,
+                               self.clean_pages_s, rate, self.pids, self.page)
         else:  # one interval says little: disk throttles and readahead come in bursts
             eta = {"eta_s": None, "eta_basis": None, "swapin_pages_s": None}
         elapsed = t - self.t0
@@ -250,11 +273,13 @@ class Tracker:
                     self.shared.append(note)
         if in_call and self.eta_first is None and eta["eta_s"] is not None:
             self.eta_first = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": pct,
-                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
+                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
+                              "bound": c["bound"]}
         if (in_call and self.eta_at_20 is None and pct is not None and pct >= 20.0 and done < self.expected
                 and eta["eta_s"] is not None):
             self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": round(pct, 2),
-                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
+                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
+                              "bound": c["bound"]}
         sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
         if moved(sig, self._last_sig):
             self._last_sig = sig
