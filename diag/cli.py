@@ -18,13 +18,14 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "json_to_file", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
 
 
@@ -66,14 +67,27 @@ def json_errors(command: str):
             try:
                 return f(*args, **kw)
             except click.ClickException as exc:
-                if kw.get("as_json") and not getattr(exc, "json_printed", False):
-                    click.echo(json.dumps({"tool": "hostpin", "command": command, "status": "error",
-                                           "exit_code": exc.exit_code, "error": exc.format_message(),
-                                           "verdict": exc.format_message()}, indent=2))
-                    exc.json_printed = True  # main() must not answer a second time
+                if not getattr(exc, "json_printed", False):
+                    doc = {"tool": "hostpin", "command": command, "status": "error", "exit_code": exc.exit_code,
+                           "error": exc.format_message(), "verdict": exc.format_message()}
+                    if kw.get("as_json"):
+                        click.echo(json.dumps(doc, indent=2))
+                        exc.json_printed = True  # main() must not answer a second time
+                    _error_to_json_file(doc)
                 raise
         return wrapper
     return deco
+
+
+def _error_to_json_file(doc: dict) -> None:
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get("hostpin.json_file") if ctx is not None else None
+    if path is not None:
+        from .jsonfile import dumps, write_json_file
+        try:
+            write_json_file(path, dumps(doc))
+        except OSError:
+            pass  # the error itself is the answer, on stderr
 
 
 class SizeType(click.ParamType):
@@ -160,9 +174,37 @@ def _limits(max_size: int | None, max_files: int | None):
     return Limits.for_total(max_size, max_files)
 
 
+def _json_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    if value is not None:
+        from .jsonfile import problem_with
+        why = problem_with(value)
+        if why:
+            raise click.BadParameter(f"cannot write {value}: {why}", ctx, param)
+        ctx.meta["hostpin.json_file"] = value
+    return value
+
+
 def json_option(f):
+    f = click.option("--json-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+                     expose_value=False, callback=_json_file,
+                     help="Also write the --json document to PATH, atomically (a link at PATH is replaced, never "
+                          "followed).")(f)
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON on stdout (also when it fails).")(f)
+
+
+def json_to_file(doc: Any) -> None:
+    """With --json-file PATH: the command's JSON document (the one --json prints) into PATH,
+    atomically. One that cannot be written is exit 3 with one line."""
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get("hostpin.json_file") if ctx is not None else None
+    if path is None:
+        return
+    from .jsonfile import dumps, write_json_file
+    try:
+        write_json_file(path, dumps(doc))
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def open_run(out: Path | None, command: str, durable: bool = False):
@@ -438,6 +480,7 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     from .config import record_config
     record_config(run, result)
     data = write_result(run, result)
+    json_to_file(data)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
@@ -480,6 +523,7 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
         result = take_snapshot(run, root or "/", cuda=not no_cuda, cuda_timeout=cuda_timeout,
                                commands=not no_commands)
     run.finish(result)
+    json_to_file(result)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -635,6 +679,7 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
             raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
         except BundleError as exc:
             raise InputError(str(exc)) from None
+    json_to_file(result)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -698,15 +743,19 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
             raise InputError(f"{len(unreadable)} runs could not be read, {len(opened)} left: fewer than two to "
                              f"compare: {why}")
         with evaluating(", ".join(runs)):
+            wants_doc = as_json or click.get_current_context().meta.get("hostpin.json_file") is not None
+            doc = None
             if fleet:
                 summary = fleet_summary(opened, unreadable)
+                doc = summary
                 text = json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt)
-            elif as_json:
-                differ, equal = comparison_rows(opened)
-                text = json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2,
-                                  default=str)
             else:
-                text = render_compare(opened, fmt=fmt)
+                if wants_doc:
+                    differ, equal = comparison_rows(opened)
+                    doc = {"runs": [r.source for r in opened], "differ": differ, "equal": equal}
+                text = json.dumps(doc, indent=2, default=str) if as_json else render_compare(opened, fmt=fmt)
+        if doc is not None:
+            json_to_file(doc)
         click.echo(text)
     finally:
         for r in opened:

@@ -7,15 +7,20 @@ repro staging, repro cleanup); the README's exit-code table is this one:
 code  meaning
 ====  ==========================================================================================
 0     done: nothing failed (preflight warnings allowed unless --strict; a pin completed or was
-      slow; a report, bundle, comparison or cleanup made)
+      slow; a report, bundle, comparison or cleanup made; watch --pid: every pin returned and
+      the process was quiet for --quiet-after seconds or exited, or with --until pin the pin
+      returned)
 1     a check failed (preflight; --strict: a warning), or a reproduction failed, stalled, was
-      killed at its deadline or is unkillable. Never for anything else.
+      killed at its deadline or is unkillable; watch --pid: --deadline came first, a pin ended
+      without returning, or no pin or load was seen
 2     bad command line: a one-line error names the value (a size that is not one, a path that
       does not exist, options that contradict each other)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
-      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
-      written, a leftover that `repro cleanup` could not remove. One line names what and why.
+      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus / --json-file that
+      cannot be written, a leftover that `repro cleanup` could not remove; watch --pid: the
+      outcome is unknown (the process vanished between two samples inside a pin). One line
+      names what and why.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
       (`hostpin repro cleanup`, or --ignore-leftovers)
 130   interrupted (Ctrl-C or SIGTERM), everything set up removed

@@ -422,3 +422,51 @@ def test_the_sampler_never_reads_what_takes_the_mmap_lock():
     assert any(p.endswith("/status") for p in mine) and any(p.endswith("/stat") for p in mine)
     assert not [p for p in mine if p.rsplit("/", 1)[1] in ("maps", "smaps", "smaps_rollup", "cmdline", "environ",
                                                            "mem", "pagemap", "numa_maps")]
+
+
+@needs_node
+def test_watch_pid_follows_the_load_after_the_pin(node, tmp_path):
+    """A process hostpin did not start mlocks 128 MiB (all of it in swap), then reads 192 MiB of
+    its own memory back from swap in user space (Tensor.pin_memory()'s copy, on the CPU), swap-in
+    at 16 MB/s: ~8.4 s of pin, ~12.6 s of copy. `watch --pid` gives both phases with their bounds
+    and ends once the process is quiet; `--until pin` ends at the pin's return. The pin's ETA
+    counts only the swap the pin can read: the process's VmSwap also holds the 192 MiB the copy
+    reads later (counted as the pin's, its ETA was 25% late with mlock's length, 2.5x without)."""
+    cg, start = node
+    target = start("--size", "128MiB", "--swap-out", "128MiB", "--then-read", "192MiB")
+    target.expect("paged")
+    _swap_out_and_throttle(cg)
+    whole = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+    first = _watch(tmp_path, "--pid", str(target.proc.pid), "--until", "pin", "--json")
+    time.sleep(1.0)  # both attached and sampling before the pin starts
+    t0 = time.monotonic()
+    target.say("go")
+    pinned = float(target.expect("pinned").split()[1])
+    out1, err1 = first.communicate(timeout=60)
+    read_s = float(target.expect("read").split()[1])
+    read_end = time.monotonic() - t0
+    out, err = whole.communicate(timeout=90)
+    ended = time.monotonic() - t0
+    target.say("quit")
+    assert target.proc.wait(timeout=30) == 0
+    assert whole.returncode == 0 and first.returncode == 0, (err, err1)
+    assert "Traceback" not in err + err1
+    a, b = json.loads(out), json.loads(out1)
+    assert 5 < pinned < 25 and 8 < read_s < 40, (pinned, read_s)
+    # --until pin: one phase, today's end
+    assert [p["kind"] for p in b["phases"]] == ["mlock"] and b["outcome"] == "completed" and b["until"] == "pin"
+    # the whole load: the pin, then the copy from swap, each with its bound and catalog entry
+    kinds = [(p["kind"], p["pin"], p["bound"], p["catalog"], p["outcome"]) for p in a["phases"]]
+    seen = [(p["kind"], p["started_s"], p["seconds"], p["figures"].get("swapped_in_bytes")) for p in a["phases"]]
+    assert kinds == [("mlock", True, "swap-in", 1, "completed"), ("copy-from-swap", False, "swap-in", 19, "completed")], \
+        seen
+    pin, copy = a["phases"]
+    assert copy["words"] == "swap-in in the process's own faults, not a pin" and "not a pin" in a["verdict"]
+    # its evidence: the process's own VmSwap falling (a stack caught in do_swap_page, when one was)
+    assert "its VmSwap falls" in copy["bound_reason"] and copy["figures"]["swapped_in_bytes"] >= 150 << 20
+    assert abs(copy["seconds"] - read_s) <= 1.5, (copy["seconds"], read_s)
+    assert copy["eta_at_20pct"] is not None and abs(copy["eta_error"]) <= 0.15, copy
+    assert pin["eta_first"] is not None and abs(pin["eta_first_error"]) <= 0.15, pin["eta_first"]
+    # quiet for --quiet-after (5 s) after the copy: then it ends, not before and not much later
+    assert a["outcome"] == "completed" and a["quiet_after_s"] == 5.0
+    assert read_end + 4.0 <= ended <= read_end + 9.0, (read_end, ended)

@@ -405,7 +405,8 @@ def test_a_process_that_dies_inside_the_pin_exited(how, outcome):
         book.update(s)
     r, = book.results()
     assert r.outcome == outcome and r.pct == pytest.approx(50.0), (r.outcome, r.pct)
-    assert ("outcome unknown" in " ".join(r.notes)) == (outcome == "unknown") and r.eta_error is None
+    assert ("outcome unknown" in " ".join(r.notes)) == (outcome == "unknown")
+    assert outcome == "completed" or r.eta_error is None
     # a recorded timeline's zombie (before the sampler left them out): never read as 100%
     book = PhaseBook()
     zombie = _pinning(3.5, 0, state="Z")

@@ -73,6 +73,8 @@ class WatchResult(Result):
     size_bytes: int | None = None
     interval_s: float = 0.5
     deadline_s: float | None = None
+    until: str | None = None           # --pid: 'quiet' (the whole load) or 'pin' (the first pin's return)
+    quiet_after_s: float | None = None
     watched_s: float | None = None
     phases: list[PhaseResult] = field(default_factory=list)
     bound: str | None = None

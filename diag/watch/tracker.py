@@ -172,7 +172,11 @@ class Tracker:
         if self.basis in ("swap", "shmem", "node-shmem"):  # once the pin showed what it is, it stays so
             return self.basis
         swap = targets_sum(sample, "vm_swap", self.pids)
-        if bound == "swap-in" and 0 < swap < b["swap0"]:  # its own VmSwap drains (shmem's swap is not in it)
+        # its own VmSwap drains (shmem's swap is not in it), and all of it can be the region's: a
+        # process with more in swap than the pin covers holds swap the pin never reads (another
+        # buffer, the launcher's own heap), and counting it as the pin's work makes the ETA late
+        if bound == "swap-in" and 0 < swap < b["swap0"] and (self.expected is None
+                                                             or b["swap0"] // self.page <= self.expected):
             return "swap"
         if shm > 0 and shm >= rss // 2:
             return "shmem"
