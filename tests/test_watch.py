@@ -470,3 +470,52 @@ def test_watch_pid_follows_the_load_after_the_pin(node, tmp_path):
     # quiet for --quiet-after (5 s) after the copy: then it ends, not before and not much later
     assert a["outcome"] == "completed" and a["quiet_after_s"] == 5.0
     assert read_end + 4.0 <= ended <= read_end + 9.0, (read_end, ended)
+
+
+def test_watch_command_json_file_leaves_cmd_output_alone(tmp_path):
+    """`watch --json-file F -- CMD`: stdout is CMD's alone (hostpin's JSON would break a launcher
+    that parses it), CMD's stderr lines are all there, CMD's exit code comes back, and F parses."""
+    code = ("import sys\nfor i in range(200):\n    print(f'out {i}', flush=True)\n"
+            "    print(f'err {i}', file=sys.stderr, flush=True)\nsys.exit(5)\n")
+    f = tmp_path / "result.json"
+    r = hostpin("watch", "--out", str(tmp_path / "runs"), "--json-file", str(f), "--", sys.executable, "-c", code)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "".join(f"out {i}\n" for i in range(200))
+    assert [line for line in r.stderr.splitlines() if line.startswith("err ")] == [f"err {i}" for i in range(200)]
+    assert all(line.startswith(("err ", "hostpin: ")) for line in r.stderr.splitlines()), r.stderr
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "hostpin.watch" and doc["mode"] == "command" and doc["exit_code"] == 5
+    assert doc["command_exit"]["returncode"] == 5 and not list(tmp_path.glob(".result.json.*"))  # no temp left
+    # --json alone would mix into CMD's stdout: refused in one line, CMD not run
+    r = hostpin("watch", "--out", str(tmp_path / "runs"), "--json", "--", sys.executable, "-c", "print('ran')")
+    assert r.returncode == 2 and "--json-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "ran" not in r.stdout
+
+
+def test_json_file_is_atomic_and_never_follows_a_link(tmp_path):
+    """A link at PATH is replaced by the file, its target left alone; a directory at PATH, or a
+    PATH whose directory does not exist, is a bad command line."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    link = tmp_path / "out.json"
+    link.symlink_to(victim)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = hostpin("watch", "--pid", str(sleeper.pid), "--deadline", "1", "--out", str(tmp_path / "runs"),
+                    "--json-file", str(link))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 1 and "no pin" in r.stdout, r.stderr
+    assert victim.read_text() == "keep me\n" and not link.is_symlink()
+    assert json.loads(link.read_text())["outcome"] == "no-pin"
+    for bad in (tmp_path, tmp_path / "missing" / "x.json"):
+        r = hostpin("watch", "--pid", "1", "--out", str(tmp_path / "runs"), "--json-file", str(bad))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr, r.stderr
+    # every command with --json has it: compare (a bad run) writes its error document
+    f = tmp_path / "cmp.json"
+    r = hostpin("compare", str(tmp_path / "nope1"), str(tmp_path / "nope2"), "--json-file", str(f))
+    assert r.returncode in (2, 3)
+    for cmd in (["preflight"], ["snapshot"], ["bundle"], ["compare"], ["repro", "register"], ["repro", "staging"],
+                ["repro", "cleanup"], ["watch"]):
+        assert "--json-file" in hostpin(*cmd, "--help").stdout, cmd

@@ -263,7 +263,7 @@ def _command_text(r: WatchResult) -> str:
     argv = list(r.argv or [])
     if argv:
         argv[0] = os.path.basename(argv[0])
-    text = " ".join(argv)
+    text = " ".join(" ".join(argv).split())  # one line: an argument may hold newlines (python -c CODE)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
