@@ -635,3 +635,36 @@ def test_the_pid_heartbeat_uses_the_nodes_page_size(capsys):
     beat({"phase": "pin", "expected_pages": 16384, "pct": 11.0, "elapsed_s": 0.1})  # a new phase: its elapsed restarts
     time_ok = capsys.readouterr().err
     assert time_ok == ""  # within --heartbeat of the last line: none yet, whatever the phase's own clock says
+
+
+def _replay_load(samples, size_bytes=None):
+    """A recorded `watch --pid` timeline fed step by step through the pin book and the load book,
+    as diag.watch.attach does."""
+    from diag.watch.load import LoadBook
+    book, load = PhaseBook(size_bytes), LoadBook()
+    for s in samples:
+        _, ended = book.update(s)
+        for ph in ended:
+            tr = next(tr for p, tr in book.closed if p is ph)
+            load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr.expected else None)
+        load.update(s, pinning={p for p, _ in book.open})
+    return sorted(book.results() + load.results(), key=lambda r: r.started_s)
+
+
+def test_recorded_load_after_a_pin_replays_ci():
+    """Recorded on the CI machine (tests/test_watch.py's load test, 2026-12-01): a process mlocked
+    128 MiB, all of it in swap, then read 192 MiB of its own swapped memory at 16 MB/s (the
+    target's clock: pinned in 8.50 s, read in 12.6 s). Replayed: the pin and the copy, each swap-in
+    bound, with ETAs at 20% within 15% of their own phase's end; the copy is no pin (catalog 19)."""
+    result, samples = _recorded(FIXTURES / "ci-watch-load-swap")
+    assert [p["kind"] for p in result["phases"]] == ["mlock", "copy-from-swap"]  # what the watch said
+    pin, copy = _replay_load(samples)
+    assert (pin.kind, pin.pin, pin.bound, pin.catalog, pin.outcome) == ("mlock", True, "swap-in", 1, "completed")
+    assert (copy.kind, copy.pin, copy.bound, copy.catalog, copy.outcome) == \
+        ("copy-from-swap", False, "swap-in", 19, "completed")
+    assert 7.5 <= pin.seconds <= 9.5 and 11.5 <= copy.seconds <= 14.0, (pin.seconds, copy.seconds)
+    assert copy.words == "swap-in in the process's own faults, not a pin"
+    for ph in (pin, copy):
+        assert ph.eta_at_20pct is not None and abs(ph.eta_error) <= 0.15, (ph.kind, ph.eta_at_20pct, ph.seconds)
+    # the pin's ETA is not made from the 192 MiB the copy reads later (the process's VmSwap held both)
+    assert pin.eta_first["predicted_total_s"] < 1.2 * pin.seconds, pin.eta_first

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .frames import stack_bound
-from .phases import alive
+from .frames import in_pin_path, stack_bound
+from .phases import PIN_CALLS, alive
 from .result import PhaseResult
 from .tracker import Tracker, judged
 
@@ -64,6 +64,12 @@ class LoadPhase:
     _other_since: float | None = None
 
 
+def _in_pin(p: dict) -> bool:
+    """A thread of the process is seen inside a pin (its stack or its system call says so)."""
+    return any((th.get("frames") and in_pin_path(th["frames"])) or th.get("syscall") in PIN_CALLS
+               for th in (p.get("threads") or {}).values() if th.get("state") not in ("Z", "X", "x"))
+
+
 def _kind(p: dict, before: dict | None, dt: float, page: int) -> str | None:
     """The work a process did between two samples, or None when it was quiet."""
     for th in (p.get("threads") or {}).values():
@@ -97,6 +103,7 @@ class LoadBook:
         self.closed: list[tuple[LoadPhase, Tracker]] = []
         self.prev: dict | None = None
         self.last_pin: dict[int, tuple[float, int | None]] = {}  # pid: (when its last pin ended, its bytes)
+        self.dropped: list[LoadPhase] = []  # begun just before a pin was named: the pin's own start
 
     def pin_ended(self, pid: int, t: float, size_bytes: int | None) -> None:
         self.last_pin[pid] = (t, size_bytes)
@@ -115,9 +122,17 @@ class LoadBook:
                 ended.append(self._close(pid, sample["t"], "process gone"))
         for pid, p in procs.items():
             entry = self.open.get(pid)
-            if pid in pinning:
+            if pid in pinning or _in_pin(p):
                 if entry is not None:
-                    ended.append(self._close(pid, sample["t"], "pin", sample))
+                    ph, tr = entry
+                    if len(tr.samples) <= QUIET_SAMPLES + 1 and ph.seen_start:
+                        # a thread running in the kernel shows no stack and no call: the first
+                        # samples of a pin can look like the process's own swap-in until one
+                        # names the pin; those were the pin's start, not a phase of their own
+                        self.open.pop(pid)
+                        self.dropped.append(ph)
+                    else:
+                        ended.append(self._close(pid, sample["t"], "pin", sample))
                 continue
             kind = _kind(p, before_procs.get(pid), dt, self.page)
             if entry is not None:

@@ -169,14 +169,14 @@ class Tracker:
         b = self._bases
         rss = targets_sum(sample, "vm_rss", self.pids) - b["rss0"]
         shm = targets_sum(sample, "rss_shmem", self.pids) - b["shm0"]
-        if self.basis in ("swap", "shmem", "node-shmem"):  # once the pin showed what it is, it stays so
-            return self.basis
+        # VmSwap can count the pin's work only when all of it can be the region's: a process with
+        # more in swap than the pin covers holds swap the pin never reads (another buffer, the
+        # launcher's own heap), and counting it as the pin's makes the progress 0% and the ETA late
+        swap_fits = self.expected is None or b["swap0"] // self.page <= self.expected
+        if self.basis in ("shmem", "node-shmem") or (self.basis == "swap" and swap_fits):
+            return self.basis  # once the pin showed what it is, it stays so
         swap = targets_sum(sample, "vm_swap", self.pids)
-        # its own VmSwap drains (shmem's swap is not in it), and all of it can be the region's: a
-        # process with more in swap than the pin covers holds swap the pin never reads (another
-        # buffer, the launcher's own heap), and counting it as the pin's work makes the ETA late
-        if bound == "swap-in" and 0 < swap < b["swap0"] and (self.expected is None
-                                                             or b["swap0"] // self.page <= self.expected):
+        if bound == "swap-in" and 0 < swap < b["swap0"] and swap_fits:  # (shmem's swap is not in VmSwap)
             return "swap"
         if shm > 0 and shm >= rss // 2:
             return "shmem"
