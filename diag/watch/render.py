@@ -282,8 +282,8 @@ def render_watch(r: WatchResult) -> str:
         for label, value in (
                 ("bound", main.bound),
                 ("bound named after", f"{main.first_bound_at_s:.1f} s" if main.first_bound_at_s is not None else None),
-                ("pinned", f"{main.pinned_pages:,} of {main.expected_pages:,} pages ({main.progress_basis})"
-                 if main.pinned_pages is not None and main.expected_pages else None),
+                ("pinned" if main.pin else "done", f"{main.pinned_pages:,} of {main.expected_pages:,} pages "
+                 f"({main.progress_basis})" if main.pinned_pages is not None and main.expected_pages else None),
                 ("rate", f"{main.rate_pages_s:,.0f} pages/s" if main.rate_pages_s and main.rate_pages_s > 0 else None),
                 ("ETA", (format_duration(main.eta_s) if main.eta_s is not None else main.eta_basis)
                  if main.outcome == "open" else None),
@@ -295,9 +295,11 @@ def render_watch(r: WatchResult) -> str:
         if r.remedy:
             lines += ["", f"remedy: {r.remedy}"]
     if len(r.phases) > 1:
-        table = [[p.pid, p.tid, p.kind or "", format_duration(p.started_s), format_duration(p.seconds), p.outcome,
-                  p.bound or "", f"{p.pct:.0f}%" if p.pct is not None else ""] for p in r.phases]
-        lines += ["", tabulate(table, headers=["pid", "tid", "kind", "at", "took", "outcome", "bound", "done"])]
+        table = [[p.pid, p.tid, p.kind or "", "yes" if p.pin else "no", format_duration(p.started_s),
+                  format_duration(p.seconds), p.outcome, p.bound or "", f"{p.pct:.0f}%" if p.pct is not None else "",
+                  f"{p.eta_error * 100:+.0f}%" if p.eta_error is not None else ""] for p in r.phases]
+        lines += ["", tabulate(table, headers=["pid", "tid", "kind", "pin", "at", "took", "outcome", "bound", "done",
+                                               "ETA at 20% vs end"])]
     for note in list(r.notes) + [n for p in r.phases for n in p.shared_counters + p.notes]:
         lines.append(f"note: {note}")
     for what, why in r.unreadable.items():
