@@ -194,7 +194,7 @@ def phases_text(res: dict) -> str:
 
 
 def run_case(name: str, mode: str, size: int, swap_bytes: int, rate: int, runs: Path, watches: list[list[str]],
-             summary: list[str], path: str | None = None) -> None:
+             summary: list[str], path: str | None = None, attach_after: float = 3.0) -> None:
     from repro.cgroups import PREFIX, RunCgroup, block_device_for, file_device
     from repro.swapfile import active_swaps
     cg = RunCgroup(f"{PREFIX}wl-{name}-{os.getpid()}").create(want_io=True)
@@ -217,7 +217,7 @@ def run_case(name: str, mode: str, size: int, swap_bytes: int, rate: int, runs: 
         log(f"{name}: pushed {pushed}; throttled {devices} at {rate / 1e6:.0f} MB/s")
         t0 = time.monotonic()
         t.say("go")
-        time.sleep(3.0)  # attached a few seconds in, as an operator would
+        time.sleep(attach_after)  # attached a few seconds in, as an operator would
         ws = [watch(runs, f"{name}-{i}", "--pid", str(t.p.pid), *extra) for i, extra in enumerate(watches)]
         line = t.expect("pinned", max(30, left() - 20))
         call_end = time.monotonic() - t0
@@ -226,8 +226,11 @@ def run_case(name: str, mode: str, size: int, swap_bytes: int, rate: int, runs: 
                        f"{vmstat('pswpin') - pswpin0:,} pages; pushed {pushed}")
         for extra, res in zip(watches, results):
             ended = res.get("_ended_at", time.monotonic()) - t0
+            last = max(res.get("phases") or [{}], key=lambda p: (p.get("started_s") or 0) + (p.get("seconds") or 0))
+            last_end = attach_after + (last.get("started_s") or 0) + (last.get("seconds") or 0)
             summary.append(f"  watch {' '.join(extra) or '(no --size)'}: ended {ended - call_end:+.1f} s after the "
-                           "call returned")
+                           f"call returned; its last phase ({last.get('kind')}) ended {last_end - call_end:+.1f} s "
+                           "after the call returned")
             summary.append(phases_text(res))
     except Exception as exc:
         summary.append(f"{name}: FAILED {exc}")
@@ -267,7 +270,8 @@ def main() -> int:
                     fh.write(chunk)
                 fh.flush()
                 os.fsync(fh.fileno())
-            run_case("b-pin-memory-file", "file", 4 * GiB, 0, 200_000_000, o.runs, [[]], summary, path=str(data))
+            run_case("b-pin-memory-file", "file", 4 * GiB, 0, 200_000_000, o.runs, [[]], summary, path=str(data),
+                     attach_after=0.5)  # its 4 GiB allocation takes ~1.6 s: the watch must see it end
             data.unlink(missing_ok=True)
             log("case b done")
         if left() > 100:

@@ -668,3 +668,5 @@ def test_recorded_load_after_a_pin_replays_ci():
         assert ph.eta_at_20pct is not None and abs(ph.eta_error) <= 0.15, (ph.kind, ph.eta_at_20pct, ph.seconds)
     # the pin's ETA is not made from the 192 MiB the copy reads later (the process's VmSwap held both)
     assert pin.eta_first["predicted_total_s"] < 1.2 * pin.seconds, pin.eta_first
+    # ... and says that the process kept memory in swap that the pin did not cover
+    assert any("stayed in swap after the pin" in n for n in pin.notes), pin.notes

@@ -108,6 +108,11 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_
     if outcome == "completed" and not inferred:
         r.eta_error = judged(r.eta_at_20pct, r.seconds, r.bound)
         r.eta_first_error = judged(r.eta_first, r.seconds, r.bound)
+    left = (p.get("swap_pages_left") or 0) * page
+    if outcome == "completed" and r.bound == "swap-in" and left >= (1 << 20) and "still in swap" in str(
+            (r.eta_first or {}).get("basis")):
+        r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after the pin: memory it "
+                       "did not cover, which the VmSwap-based ETA counted (--size, or mlock's length, bounds it)")
     if outcome == "unknown":
         eta = p.get("eta_s")
         due = f", due to end {eta:.1f} s later" if eta is not None else ""
