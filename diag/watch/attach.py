@@ -182,6 +182,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
         result.stacks.append(write_stacks(run, f"stacks-{outcome}.txt", [pid], f"at the {outcome}", proc=sampler.proc))
     result.stalls = stalls.events
     result.until, result.quiet_after_s = opts.until, opts.quiet_after if opts.until == "quiet" else None
+    result.ended_by = {"completed": "pin"}.get(outcome, outcome)
     result.outcome = outcome
     finish_result(result, book, sampler, clock, samples, load)
     if not result.phases:

@@ -228,14 +228,17 @@ def watch_verdict(r: WatchResult) -> str:
         if r.mode == "command":
             return f"{_command_text(r)} ended ({_exit_text(r)}); no pin phase was seen."
         how = {"deadline": f"until the {format_duration(r.deadline_s)} deadline",
-               "exited": "until it exited", "interrupted": "until interrupted"}.get(r.outcome, "")
-        return f"{what}: no pin phase seen in {format_duration(r.watched_s)} of watching {how}".rstrip() + "."
+               "exited": "until it exited", "interrupted": "until interrupted",
+               "quiet": f"until it had been quiet for {format_duration(r.quiet_after_s)}"}.get(
+            r.ended_by or r.outcome, "")
+        load = ", and no load (swap-in, file reads, memory growth) either" if r.until == "quiet" else ""
+        return f"{what}: no pin phase seen in {format_duration(r.watched_s)} of watching {how}".rstrip() + load + "."
     text = _load_text(r) if any(not p.pin for p in r.phases) else phase_verdict(main)
     if r.mode == "command":
         more = f" ({len(r.phases)} pin phases; the longest above)" if len(r.phases) > 1 and all(
             p.pin for p in r.phases) else ""
         return f"{_command_text(r)} ended ({_exit_text(r)}){more}; {text}"
-    if r.outcome == "completed" and r.until == "quiet" and r.quiet_after_s:
+    if r.outcome == "completed" and r.ended_by == "quiet" and r.quiet_after_s:
         text += f" Quiet for {format_duration(r.quiet_after_s)} after that: the load is over."
     if r.outcome == "deadline":
         text = f"deadline ({format_duration(r.deadline_s)}) reached: " + text

@@ -75,6 +75,7 @@ class WatchResult(Result):
     deadline_s: float | None = None
     until: str | None = None           # --pid: 'quiet' (the whole load) or 'pin' (the first pin's return)
     quiet_after_s: float | None = None
+    ended_by: str | None = None        # --pid: what ended the watch: quiet, exited, pin, deadline, interrupted
     watched_s: float | None = None
     phases: list[PhaseResult] = field(default_factory=list)
     bound: str | None = None
