@@ -670,3 +670,38 @@ def test_recorded_load_after_a_pin_replays_ci():
     assert pin.eta_first["predicted_total_s"] < 1.2 * pin.seconds, pin.eta_first
     # ... and says that the process kept memory in swap that the pin did not cover
     assert any("stayed in swap after the pin" in n for n in pin.notes), pin.notes
+
+
+def _loading(t: float, swap: int, read: int, rss: int, frames=None) -> dict:
+    th = {"tid": 9, "state": "D" if frames else "S", "frames": frames or ["do_select"], "minflt": 0, "majflt": 0,
+          "comm": "python", "syscall": "read" if not frames else None}
+    return {"t": t, "vm": {}, "mem": {}, "procs": {9: {"name": "python", "state": th["state"], "vm_rss": rss,
+                                                       "vm_swap": swap, "read_bytes": read, "threads": {9: th}}}}
+
+
+def test_load_phases_follow_the_work_of_a_process():
+    """Constructed (the counters a loader shows between its pins, no stack needed): 3 s of VmSwap
+    falling 16 MiB/s, then 3 s of read_bytes rising 32 MiB/s beyond it, then quiet. Two phases,
+    each ended where its work stopped; quiet samples end the last one; the copy's ETA is its own."""
+    from diag.watch.load import LoadBook
+    book = LoadBook()
+    seq = [_loading(0.0, 96 << 20, 0, 1 << 30)]
+    for i in range(1, 7):  # copy from swap: VmSwap 96 -> 0 MiB... (stopped at 48 MiB left)
+        seq.append(_loading(0.5 * i, (96 << 20) - i * (8 << 20), i * (8 << 20), (1 << 30) + i * (8 << 20)))
+    base = seq[-1]["procs"][9]
+    for i in range(1, 7):  # file reads: read_bytes beyond swap-in
+        seq.append(_loading(3.0 + 0.5 * i, base["vm_swap"], base["read_bytes"] + i * (16 << 20), base["vm_rss"]))
+    last = seq[-1]["procs"][9]
+    for i in range(1, 5):
+        seq.append(_loading(6.0 + 0.5 * i, last["vm_swap"], last["read_bytes"], last["vm_rss"]))
+    for s in seq:
+        book.update(s)
+    copy, read = book.results()
+    assert (copy.kind, copy.bound, copy.catalog, copy.outcome, copy.pin) == ("copy-from-swap", "swap-in", 19,
+                                                                             "completed", False)
+    assert (read.kind, read.bound, read.catalog, read.outcome) == ("file-read", "file-read", 19, "completed")
+    assert copy.seconds == pytest.approx(3.0, abs=0.51) and read.seconds == pytest.approx(3.0, abs=0.51)
+    assert read.seen_start and copy.seen_start and not read.notes, read.notes
+    assert copy.eta_first is not None and "still in swap" in copy.eta_first["basis"]
+    assert copy.figures["swapped_in_bytes"] == 48 << 20 and read.figures["read_bytes"] >= 90 << 20
+    assert not book.open

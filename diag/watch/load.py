@@ -62,6 +62,7 @@ class LoadPhase:
     _quiet_since: float | None = None
     _other: int = 0
     _other_since: float | None = None
+    _other_base: dict | None = None  # the sample before the other kind of work was first seen
 
 
 def _in_pin(p: dict) -> bool:
@@ -138,7 +139,7 @@ class LoadBook:
             if entry is not None:
                 ph, tr = entry
                 if kind is None:
-                    ph._other, ph._other_since = 0, None
+                    ph._other, ph._other_since, ph._other_base = 0, None, None
                     ph._quiet += 1
                     ph._quiet_since = ph._quiet_since if ph._quiet_since is not None else sample["t"]
                     if ph._quiet >= QUIET_SAMPLES:
@@ -147,16 +148,16 @@ class LoadBook:
                 elif kind != ph.kind:
                     ph._quiet, ph._quiet_since = 0, None
                     ph._other += 1
-                    ph._other_since = ph._other_since if ph._other_since is not None else prev.get("t", sample["t"])
+                    if ph._other_since is None:
+                        ph._other_since, ph._other_base = prev.get("t", sample["t"]), self.prev
                     if ph._other >= QUIET_SAMPLES:
-                        since = ph._other_since
+                        since, base = ph._other_since, ph._other_base
                         ended.append(self._close(pid, since, "another kind", sample))
-                        started.append(self._start(pid, p, kind, prev if prev.get("t") == since else None, sample,
-                                                   seen=True))
+                        started.append(self._start(pid, p, kind, base, sample, seen=base is not None))
                         continue
                 else:
                     ph._quiet = ph._other = 0
-                    ph._quiet_since = ph._other_since = None
+                    ph._quiet_since = ph._other_since = ph._other_base = None
                 tr.update(sample, in_call=True)
             elif kind is not None:
                 seen = pid in before_procs
@@ -175,7 +176,8 @@ class LoadBook:
                 size, size_from = pin_bytes, "the pin before it"
         ph = LoadPhase(pid=pid, kind=kind, started_t=base["t"] if base is not None else sample["t"],
                        seen_start=seen and base is not None, comm=p.get("name"), size_from=size_from if size else None)
-        tr = Tracker(size_bytes=size, page=self.page, basis=_BASIS[kind], pids={pid}, window_s=self.window_s)
+        tr = Tracker(size_bytes=size, page=self.page, basis=_BASIS[kind], pids={pid}, window_s=self.window_s,
+                     whole_intervals=True)
         if base is not None:
             tr.begin(base, seen_start=True)
             tr.update(sample, in_call=True)

@@ -88,7 +88,7 @@ def moved(sig: tuple, ref: tuple | None) -> bool:
 class Tracker:
     def __init__(self, *, size_bytes: int | None = None, page: int = 4096, basis: str = "auto", pids=None,
                  tids=None, clean_pages_s: float | None = None, window_s: float = 2.0,
-                 base_resident: int | None = None):
+                 base_resident: int | None = None, whole_intervals: bool = False):
         self.page = page
         self.expected = size_bytes // page if size_bytes else None
         self.basis_wanted = basis
@@ -97,6 +97,9 @@ class Tracker:
         self.clean_pages_s = clean_pages_s
         self.window_s = window_s
         self.base_resident = base_resident
+        # figures from the sample before the phase through the one at its end: a load phase's work
+        # lies between those (a pin's sample before may be long before, the one after its undo)
+        self.whole_intervals = whole_intervals
         self.t0: float | None = None
         self.t_end: float | None = None
         self.seen_start = True
@@ -341,9 +344,14 @@ class Tracker:
             return {}
         # up to the return (a process may free everything right after), from the first sample
         # inside the phase (the one before it may be long before)
-        last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] < self.t_end - 1e-9),
-                    self.samples[-1])
-        first = self._first_inside or self._first
+        if self.whole_intervals:
+            last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] <= self.t_end + 1e-9),
+                        self.samples[-1])
+            first = self._first
+        else:
+            last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] < self.t_end - 1e-9),
+                        self.samples[-1])
+            first = self._first_inside or self._first
         end = self.t_end if self.t_end is not None else last["t"]
         dt = max(1e-6, end - first["t"]) if first is not last else max(1e-6, self.elapsed or 0.0)
 
