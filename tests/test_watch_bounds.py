@@ -705,3 +705,22 @@ def test_load_phases_follow_the_work_of_a_process():
     assert copy.eta_first is not None and "still in swap" in copy.eta_first["basis"]
     assert copy.figures["swapped_in_bytes"] == 48 << 20 and read.figures["read_bytes"] >= 90 << 20
     assert not book.open
+
+
+def test_a_copy_running_between_its_faults_ends_the_pin_replays_ci():
+    """Recorded on the CI machine (the same load test, another run): after its mlock returned the
+    copying thread was R with no stack and /proc/PID/syscall 'running' in 18 of its samples, and in
+    D inside a user-space fault (do_swap_page under asm_exc_page_fault) in the others, never twice
+    in a row. Those samples once kept the pin open through the whole copy (mlock 11.0 s, then a
+    copy of 1.0 s); a user-space fault is outside the pin, and a sample that cannot tell neither
+    ends nor resumes it."""
+    result, samples = _recorded(FIXTURES / "ci-watch-load-swap-running")
+    running = [s for s in samples if s["progress"].get("phase") == "copy-from-swap"
+               and any(th.get("syscall") == "running" for p in s["procs"].values() for th in p["threads"].values())]
+    assert len(running) >= 10
+    pin, copy = _replay_load(samples)
+    # the live watch said mlock 9.0 s, copy 13.0 s (the replay starts the copy a sample later: the
+    # timeline keeps a thread's frames only when they change)
+    assert pin.kind == "mlock" and 8.5 <= pin.seconds <= 9.75, pin.seconds
+    assert copy.kind == "copy-from-swap" and 11.5 <= copy.seconds <= 14.0, copy.seconds
+    assert copy.figures["swapped_in_bytes"] >= 160 << 20

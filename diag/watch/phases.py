@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frames import in_pin_path, pin_kind
+from .frames import in_pin_path, normalize, pin_kind
 from .tracker import _pins
 
 __all__ = ["Phase", "PhaseDetector", "PIN_CALLS", "alive"]
@@ -95,6 +95,11 @@ def _faults_per_s(th: dict, before: dict | None, dt: float) -> float:
     return ((th["minflt"] + (th.get("majflt") or 0)) - (before["minflt"] + (before.get("majflt") or 0))) / dt
 
 
+# frames of a fault taken in user space: get_user_pages faults pages in through handle_mm_fault
+# without them, so a stack that has them (and nothing of a pin) is the process's own fault
+_USER_FAULT = {"asm_exc_page_fault", "exc_page_fault", "do_user_addr_fault", "irqentry_exit_to_user_mode"}
+
+
 def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False,
              undoing: bool = False) -> bool | None:
     """True: in a pin; False: certainly not; None: cannot tell from this sample."""
@@ -110,6 +115,8 @@ def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bo
         return False  # running in user space: whatever it pinned has returned
     if frames is not None and th.get("state") in ("S", "I", "T", "t"):
         return False  # (a zombie or dying thread is not "outside": it is gone, see PhaseDetector.update)
+    if frames and any(normalize(f.split(" [", 1)[0]) in _USER_FAULT for f in frames):
+        return False  # a page fault taken in user space (a copy reading swapped memory), not get_user_pages
     if call not in (None, "running", "ioctl"):
         return False
     return None
@@ -210,10 +217,11 @@ class PhaseDetector:
                     phase._outside += 1
                     if phase._outside >= self.end_after:  # it returned when it was first seen outside
                         ended.append(self._close(key, phase._out_since, "returned"))
-                else:
+                elif state:  # inside again: an earlier look outside was not the return
                     phase._outside = 0
-                    if state:  # inside again: an earlier look outside was not the return
-                        phase._out_since = None
+                    phase._out_since = None
+                # (a sample that cannot tell, a running thread with no stack, neither ends nor resumes it:
+                # a copy after the pin, R in user space between its faults, looked so most of the time)
         self.prev = sample
         for key, phase in list(self.active.items()):
             pid, tid = key
