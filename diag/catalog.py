@@ -383,6 +383,20 @@ ENTRIES: tuple[Entry, ...] = (
           "H200 (torch 2.11): torch.empty(47 GiB, pin_memory=True) grew RssShmem by 63.1 GiB, two 47.2 GiB ranks "
           "OOM-killed in a 110 GiB cgroup; pytorch#95823, #150517",
           lambda f: bool(f.allocator == "torch" and (f.torch_rounding_bytes or 0) > 0)),
+    # no watch bound of its own: `hostpin watch` names it for a phase that is no pin (diag.watch.load),
+    # whose bound (swap-in, file-read) is the mechanism of 1 or a disk read
+    Entry(19, "the load goes on after the pin",
+          "swap in use beyond a small threshold: the launcher's memory that a copy after the pin reads may be in it",
+          "swap",
+          "after the pin returned, the process's VmSwap falls (or its read_bytes rise) in its own faults: "
+          "do_swap_page or filemap_fault in its stack, no pin", (), (), (),
+          "Tensor.pin_memory() copies its source after the pinned allocation: keep the source out of swap "
+          "(memory.swap.max=0 for the launcher's cgroup, or MADV_WILLNEED before the copy), and read a file-backed "
+          "source into the page cache first",
+          "measured on the H200 (torch 2.11): pin_memory() of a 16 GiB tensor with 3 GiB in swap allocated in 4 s, "
+          "then copied for about 60 s at the swap device's 48 MB/s; the CI machine: 192 MiB read back at 16 MB/s "
+          "after a 128 MiB mlock (tests/fixtures/ci-watch-load-swap)",
+          lambda f: (f.swap_used_bytes or 0) > (f.swap_threshold_bytes or 0)),
 )
 
 _BY_ID = {e.id: e for e in ENTRIES}

@@ -18,16 +18,19 @@ import sys
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
 from .cliopts import (MAX_CUDA_TIMEOUT_S, MAX_RANKS, MAX_SAMPLE_S, RANKS, RATE, SIZE, FiniteRange, InputError,
-                      evidence_exit, json_option, open_run, out_option, unwritten_exit)
+                      _error_to_json_file, evidence_exit, json_option, json_to_file, open_run, out_option,
+                      unwritten_exit)
 from .units import SIZE_EXAMPLE, SizeError, parse_size
 from .watch.cli import watch as _watch
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "json_to_file",
+           "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
 
 
@@ -61,11 +64,13 @@ def json_errors(command: str):
             try:
                 return f(*args, **kw)
             except click.ClickException as exc:
-                if kw.get("as_json") and not getattr(exc, "json_printed", False):
-                    click.echo(json.dumps({"tool": "hostpin", "command": command, "status": "error",
-                                           "exit_code": exc.exit_code, "error": exc.format_message(),
-                                           "verdict": exc.format_message()}, indent=2))
-                    exc.json_printed = True  # main() must not answer a second time
+                if not getattr(exc, "json_printed", False):
+                    doc = {"tool": "hostpin", "command": command, "status": "error", "exit_code": exc.exit_code,
+                           "error": exc.format_message(), "verdict": exc.format_message()}
+                    if kw.get("as_json"):
+                        click.echo(json.dumps(doc, indent=2))
+                        exc.json_printed = True  # main() must not answer a second time
+                    _error_to_json_file(doc)
                 raise
         return wrapper
     return deco
@@ -421,6 +426,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if lost or prom_error:  # judged first: a failed plan stays 1, a pass whose output was not written is 3
         result.exit_code = unwritten_exit(result.exit_code)
         data = result_dict(result)
+    try:
+        json_to_file(data)
+    except InputError as exc:  # the same rule: the verdict stands, a pass whose file was not written is 3
+        click.echo(f"hostpin: {exc}", err=True)
+        result.exit_code = unwritten_exit(result.exit_code)
+        data = result_dict(result)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
@@ -467,6 +478,7 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
         result = take_snapshot(run, root or "/", cuda=not no_cuda, cuda_timeout=cuda_timeout,
                                commands=not no_commands)
     run.finish(result)
+    json_to_file(result)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -643,6 +655,7 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
         except BundleError as exc:
             raise InputError(str(exc)) from None
     streamed = result["streamed"]  # the bundle went to stdout or a pipe: what is said about it goes to stderr
+    json_to_file(result)
     if as_json:
         click.echo(json.dumps(result, indent=2), err=streamed)
     else:
@@ -715,15 +728,19 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
             raise InputError(f"{len(unreadable)} runs could not be read, {len(opened)} left: fewer than two to "
                              f"compare: {why}")
         with evaluating(", ".join(runs)):
+            wants_doc = as_json or click.get_current_context().meta.get("hostpin.json_file") is not None
+            doc = None
             if fleet:
                 summary = fleet_summary(opened, unreadable)
+                doc = summary
                 text = json.dumps(summary, indent=2, default=str) if as_json else render_fleet(summary, fmt=fmt)
-            elif as_json:
-                differ, equal = comparison_rows(opened)
-                text = json.dumps({"runs": [r.source for r in opened], "differ": differ, "equal": equal}, indent=2,
-                                  default=str)
             else:
-                text = render_compare(opened, fmt=fmt)
+                if wants_doc:
+                    differ, equal = comparison_rows(opened)
+                    doc = {"runs": [r.source for r in opened], "differ": differ, "equal": equal}
+                text = json.dumps(doc, indent=2, default=str) if as_json else render_compare(opened, fmt=fmt)
+        if doc is not None:
+            json_to_file(doc)
         click.echo(text)
     finally:
         for r in opened:

@@ -91,9 +91,48 @@ def out_option(f):
                         help="Parent directory for the run directory (default ./hostpin-runs).")(f)
 
 
+def _json_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    if value is not None:
+        from .jsonfile import problem_with
+        why = problem_with(value)
+        if why:
+            raise click.BadParameter(f"cannot write {value}: {why}", ctx, param)
+        ctx.meta["hostpin.json_file"] = value
+    return value
+
+
 def json_option(f):
+    f = click.option("--json-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+                     expose_value=False, callback=_json_file,
+                     help="Also write the --json document to PATH, atomically (a link at PATH is replaced, never "
+                          "followed).")(f)
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON on stdout (also when it fails).")(f)
+
+
+def json_to_file(doc) -> None:
+    """With --json-file PATH: the command's JSON document (the one --json prints) into PATH,
+    atomically. One that cannot be written is exit 3 with one line."""
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get("hostpin.json_file") if ctx is not None else None
+    if path is None:
+        return
+    from .jsonfile import dumps, write_json_file
+    try:
+        write_json_file(path, dumps(doc))
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _error_to_json_file(doc: dict) -> None:
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get("hostpin.json_file") if ctx is not None else None
+    if path is not None:
+        from .jsonfile import dumps, write_json_file
+        try:
+            write_json_file(path, dumps(doc))
+        except OSError:
+            pass  # the error itself is the answer, on stderr
 
 
 def open_run(out: Path | None, command: str, durable: bool = False, keep_going: bool = False):

@@ -7,21 +7,26 @@ repro staging, repro cleanup); the README's exit-code table is this one:
 code  meaning
 ====  ==========================================================================================
 0     done: nothing failed (preflight warnings allowed unless --strict; a pin completed or was
-      slow; `watch --pid`: the pin returned; a report, bundle, comparison or cleanup made)
+      slow; a report, bundle, comparison or cleanup made; `watch --pid`: every pin returned and
+      the process was quiet for --quiet-after seconds or exited, or with --until pin the pin
+      returned)
 1     a check failed (preflight; --strict: a warning), a reproduction failed, stalled, was killed
-      at its deadline or is unkillable, or `watch --pid` ended before the pin returned (its
-      deadline, the process exited or died inside the pin, no pin seen). Only these: never an
-      input that could not be read nor an output that could not be written, and a failure stays
-      1 whatever could not be written.
+      at its deadline or is unkillable, or `watch --pid` ended first (--deadline came first, a pin
+      ended without returning: the process exited or died inside it, or no pin or load was seen).
+      Only these: never an input that could not be read nor an output that could not be written,
+      and a failure stays 1 whatever could not be written.
 2     bad command line: a one-line error names the value (a size that is not one, a path that
       does not exist, options that contradict each other, -o inside the run being read)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
       limits), no GPU for a CUDA-only command, no torch in the --python of `repro register
-      --allocator torch`, an --out / -o / --prometheus that cannot be written, a run directory
-      that cannot be made or fills up (the evidence is lost), a result that cannot reach stdout, no descriptors or TMPDIR space left to read runs, a leftover that
-      `repro cleanup` could not remove. One line names what and why. The verdict is decided first
-      and still printed: an output that could not be written makes a pass 3, never a failure.
+      --allocator torch`, an --out / -o / --prometheus / --json-file that cannot be written, a
+      run directory that cannot be made or fills up (the evidence is lost), a result that cannot
+      reach stdout, no descriptors or TMPDIR space left to read runs, a leftover that `repro
+      cleanup` could not remove; `watch --pid`: the outcome is unknown (the process vanished
+      between two samples inside a pin). One line names what and why. The verdict is decided
+      first and still printed: an output that could not be written makes a pass 3, never a
+      failure.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
       (`hostpin repro cleanup`, or --ignore-leftovers)
 126   `watch -- CMD`: CMD cannot be run (as a shell says it)

@@ -25,7 +25,7 @@ import click  # noqa: E402
 
 from diag import cliopts  # noqa: E402
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
-                      json_option, open_run, out_option, unexpected)
+                      json_option, json_to_file, open_run, out_option, unexpected)
 from diag.cliopts import GuardedStream, evidence_exit  # noqa: E402
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
 from diag.safetext import guarded_output  # noqa: E402
@@ -165,6 +165,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         from .render import render_matrix
         result = run_matrix(opts, run)
         run.finish(result)
+        json_to_file(result)
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
         return evidence_exit(run, result["exit_code"])
     from diag.results import ReproRegisterResult, write_result
@@ -177,6 +178,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
                                                      verdict=f"not run: {exc}", run_dir=str(run.path),
                                                      extra={"tool": "hostpin", "command": "repro register"}))
         err = InputError(f"{exc} (evidence: {run.path})")
+        json_to_file(data)
         if as_json:
             click.echo(_json.dumps(data, indent=2, default=str))
             err.json_printed = True  # the typed result was the answer; json_errors prints nothing more
@@ -184,6 +186,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     bar.done()
     result["exit_code"] = exit_code_for(result["outcome"])
     data = write_result(run, ReproRegisterResult.from_dict(result))
+    json_to_file(data)
     click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
     return evidence_exit(run, result["exit_code"])
 
@@ -251,6 +254,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     result = run_staging(opts, run, progress=progress)
     result.exit_code = exit_code_for(result.outcome)
     doc = write_result(run, result)
+    json_to_file(doc)
     click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
     return evidence_exit(run, result.exit_code)
 
@@ -280,6 +284,7 @@ def cleanup_cmd(dry_run, as_json):
 
     result = remove_leftovers(dry_run=dry_run)
     result["exit_code"] = EXIT_UNEVALUATED if result["problems"] else EXIT_OK
+    json_to_file(result)
     if as_json:
         click.echo(_json_dumps(result))
     else:

@@ -2,7 +2,7 @@
 
     python tests/pin_target.py --size 256MiB [--swap-out 192MiB] [--source anon|file:PATH]
                                [--method mlock|register|hostalloc] [--join CGROUP_PROCS ...]
-                               [--thp] [--exit-code N]
+                               [--thp] [--exit-code N] [--then-read SIZE]
 
 It uses nothing of hostpin (ctypes and, for register/hostalloc, cuda.bindings), so
 `hostpin watch` meets it as it would meet a launcher. Lines on stdout, commands on stdin:
@@ -10,6 +10,9 @@ It uses nothing of hostpin (ctypes and, for register/hostalloc, cuda.bindings), 
     paged <VmSwap bytes>   the region is mapped, touched, and --swap-out of it MADV_PAGEOUT'ed
     go                     (stdin) pin it now: mlock, mlockall, cudaHostRegister, or cudaHostAlloc(--size)
     pinned <seconds>       the pin returned
+    read <seconds>         (--then-read) a second region of SIZE, put in swap with the first,
+                           read back one byte a page in user space after the pin: the load
+                           around a pin (Tensor.pin_memory()'s copy), in the process's own faults
     quit                   (stdin) unpin and exit with --exit-code
 
 --join writes this process's pid into each cgroup.procs file before anything is allocated,
@@ -65,6 +68,7 @@ def main() -> int:
     ap.add_argument("--join", action="append", default=[])
     ap.add_argument("--thp", action="store_true")
     ap.add_argument("--exit-code", type=int, default=0)
+    ap.add_argument("--then-read", type=size, default=0)
     o = ap.parse_args()
     for procs in o.join:
         with open(procs, "w") as fh:
@@ -93,6 +97,16 @@ def main() -> int:
                 view[off] = b"\x5a"
         if o.swap_out:
             check(libc.madvise(addr, o.swap_out, MADV_PAGEOUT), "madvise(PAGEOUT)")
+    other = None
+    if o.then_read:
+        other = libc.mmap(None, o.then_read, PROT_RW, MAP_PRIVATE | MAP_ANON, -1, 0)
+        if other in (None, ctypes.c_void_p(-1).value):
+            sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
+        check(libc.madvise(other, o.then_read, MADV_POPULATE_WRITE), "madvise(POPULATE_WRITE)")
+        view = (ctypes.c_char * o.then_read).from_address(other)
+        for off in range(0, o.then_read, 4096):
+            view[off] = b"\x5a"
+        check(libc.madvise(other, o.then_read, MADV_PAGEOUT), "madvise(PAGEOUT)")
     swap = 0
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -113,6 +127,11 @@ def main() -> int:
         err, ptr = cuda.cudaHostAlloc(o.size, 0)
         assert err == cuda.cudaError_t.cudaSuccess, err
     say(f"pinned {time.monotonic() - t0:.3f}")
+    if other is not None:
+        t1 = time.monotonic()
+        view = (ctypes.c_char * o.then_read).from_address(other)
+        total = sum(view[off][0] for off in range(0, o.then_read, 4096))  # one fault a page, from swap
+        say(f"read {time.monotonic() - t1:.3f} {total}")
     sys.stdin.readline()
     if o.method == "register":
         cuda.cudaHostUnregister(addr)

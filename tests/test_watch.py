@@ -422,3 +422,105 @@ def test_the_sampler_never_reads_what_takes_the_mmap_lock():
     assert any(p.endswith("/status") for p in mine) and any(p.endswith("/stat") for p in mine)
     assert not [p for p in mine if p.rsplit("/", 1)[1] in ("maps", "smaps", "smaps_rollup", "cmdline", "environ",
                                                            "mem", "pagemap", "numa_maps")]
+
+
+@needs_node
+def test_watch_pid_follows_the_load_after_the_pin(node, tmp_path):
+    """A process hostpin did not start mlocks 128 MiB (all of it in swap), then reads 192 MiB of
+    its own memory back from swap in user space (Tensor.pin_memory()'s copy, on the CPU), swap-in
+    at 16 MB/s: ~8.4 s of pin, ~12.6 s of copy. `watch --pid` gives both phases with their bounds
+    and ends once the process is quiet; `--until pin` ends at the pin's return. The pin's ETA
+    counts only the swap the pin can read: the process's VmSwap also holds the 192 MiB the copy
+    reads later (counted as the pin's, its ETA was 25% late with mlock's length, 2.5x without)."""
+    cg, start = node
+    target = start("--size", "128MiB", "--swap-out", "128MiB", "--then-read", "192MiB")
+    target.expect("paged")
+    _swap_out_and_throttle(cg)
+    whole = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+    first = _watch(tmp_path, "--pid", str(target.proc.pid), "--until", "pin", "--json")
+    time.sleep(1.0)  # both attached and sampling before the pin starts
+    t0 = time.monotonic()
+    target.say("go")
+    pinned = float(target.expect("pinned").split()[1])
+    out1, err1 = first.communicate(timeout=60)
+    read_s = float(target.expect("read").split()[1])
+    read_end = time.monotonic() - t0
+    out, err = whole.communicate(timeout=90)
+    ended = time.monotonic() - t0
+    target.say("quit")
+    assert target.proc.wait(timeout=30) == 0
+    assert whole.returncode == 0 and first.returncode == 0, (err, err1)
+    assert "Traceback" not in err + err1
+    a, b = json.loads(out), json.loads(out1)
+    assert 5 < pinned < 25 and 8 < read_s < 40, (pinned, read_s)
+    # --until pin: one phase, today's end
+    assert [p["kind"] for p in b["phases"]] == ["mlock"] and b["outcome"] == "completed" and b["until"] == "pin"
+    # the whole load: the pin, then the copy from swap, each with its bound and catalog entry
+    kinds = [(p["kind"], p["pin"], p["bound"], p["catalog"], p["outcome"]) for p in a["phases"]]
+    seen = [(p["kind"], p["started_s"], p["seconds"], p["figures"].get("swapped_in_bytes")) for p in a["phases"]]
+    assert kinds == [("mlock", True, "swap-in", 1, "completed"), ("copy-from-swap", False, "swap-in", 19, "completed")], \
+        seen
+    pin, copy = a["phases"]
+    assert copy["words"] == "swap-in in the process's own faults, not a pin" and "not a pin" in a["verdict"]
+    # its evidence: the process's own VmSwap falling (a stack caught in do_swap_page, when one was)
+    assert "its VmSwap falls" in copy["bound_reason"] and copy["figures"]["swapped_in_bytes"] >= 150 << 20
+    assert abs(copy["seconds"] - read_s) <= 1.5, (copy["seconds"], read_s)
+    assert copy["eta_at_20pct"] is not None and abs(copy["eta_error"]) <= 0.15, copy
+    assert pin["eta_first"] is not None and abs(pin["eta_first_error"]) <= 0.15, pin["eta_first"]
+    # quiet for --quiet-after (5 s) after the copy: then it ends, not before and not much later
+    assert a["outcome"] == "completed" and a["quiet_after_s"] == 5.0
+    assert read_end + 4.0 <= ended <= read_end + 9.0, (read_end, ended)
+
+
+def test_watch_command_json_file_leaves_cmd_output_alone(tmp_path):
+    """`watch --json-file F -- CMD`: stdout is CMD's alone (hostpin's JSON would break a launcher
+    that parses it), CMD's stderr lines are all there, CMD's exit code comes back, and F parses."""
+    code = ("import sys\nfor i in range(200):\n    print(f'out {i}', flush=True)\n"
+            "    print(f'err {i}', file=sys.stderr, flush=True)\nsys.exit(5)\n")
+    f = tmp_path / "result.json"
+    r = hostpin("watch", "--out", str(tmp_path / "runs"), "--json-file", str(f), "--", sys.executable, "-c", code)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "".join(f"out {i}\n" for i in range(200))
+    assert [line for line in r.stderr.splitlines() if line.startswith("err ")] == [f"err {i}" for i in range(200)]
+    assert all(line.startswith(("err ", "hostpin: ")) for line in r.stderr.splitlines()), r.stderr
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "hostpin.watch" and doc["mode"] == "command" and doc["exit_code"] == 5
+    assert doc["command_exit"]["returncode"] == 5 and not list(tmp_path.glob(".result.json.*"))  # no temp left
+    # --json alone would mix into CMD's stdout: refused in one line, CMD not run
+    r = hostpin("watch", "--out", str(tmp_path / "runs"), "--json", "--", sys.executable, "-c", "print('ran')")
+    assert r.returncode == 2 and "--json-file" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "ran" not in r.stdout
+
+
+def test_json_file_is_atomic_and_never_follows_a_link(tmp_path):
+    """--json-file follows the output-path rules of -o (issue 19): a link at PATH is neither followed
+    nor replaced (exit 2, its target left alone); a regular file there is replaced whole; a directory
+    at PATH, or a PATH whose directory does not exist, is a bad command line."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(victim)
+    r = hostpin("watch", "--pid", "1", "--out", str(tmp_path / "runs"), "--json-file", str(link))
+    assert r.returncode == 2 and "symbolic link" in r.stderr, r.stderr
+    assert victim.read_text() == "keep me\n" and link.is_symlink()
+    out = tmp_path / "out.json"
+    out.write_text("an older document that is longer than the new one will ever be " * 200)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = hostpin("watch", "--pid", str(sleeper.pid), "--deadline", "1", "--out", str(tmp_path / "runs"),
+                    "--json-file", str(out))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 1 and "no pin" in r.stdout, r.stderr
+    assert json.loads(out.read_text())["outcome"] == "no-pin"
+    for bad in (tmp_path, tmp_path / "missing" / "x.json"):
+        r = hostpin("watch", "--pid", "1", "--out", str(tmp_path / "runs"), "--json-file", str(bad))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) <= 2 and "Traceback" not in r.stderr, r.stderr
+    # every command with --json has it: compare (a bad run) writes its error document
+    f = tmp_path / "cmp.json"
+    r = hostpin("compare", str(tmp_path / "nope1"), str(tmp_path / "nope2"), "--json-file", str(f))
+    assert r.returncode in (2, 3)
+    for cmd in (["preflight"], ["snapshot"], ["bundle"], ["compare"], ["repro", "register"], ["repro", "staging"],
+                ["repro", "cleanup"], ["watch"]):
+        assert "--json-file" in hostpin(*cmd, "--help").stdout, cmd

@@ -1,9 +1,11 @@
 """`hostpin watch --pid PID`: follow a process hostpin did not start, read-only.
 
-Samples the process every interval (diag.watch.sampler), notices its pin phases, and ends
-when the pin returns (its thread leaves the pin path), when the process exits, or at the
-deadline. It never signals, traces or stops the target; it writes only into its run
-directory: timeline.jsonl, stacks at the start and the end (and at a stall), result.json.
+Samples the process every interval (diag.watch.sampler), notices its pin phases and the load
+around them (diag.watch.load: a copy from swap, a file read, an allocation in its own faults),
+and ends when the process has been quiet (no phase open, nothing moving) for --quiet-after
+seconds, when it exits, or at the deadline; with --until pin, when the first pin returns. It
+never signals, traces or stops the target; it writes only into its run directory:
+timeline.jsonl, stacks at the start and the end (and at a stall), result.json.
 """
 from __future__ import annotations
 
@@ -18,13 +20,27 @@ from ..facts import node_facts
 from ..process import read_status
 from ..rootfs import Root
 from .book import PhaseBook
+from .load import LoadBook
 from .bounds import remedy_for
 from .render import watch_verdict
 from .result import WatchResult
 from .sampler import Sampler
 from .timeline import TimelineWriter, write_stacks
 
-__all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result"]
+__all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded"]
+
+# --quiet-after's default: ten samples at the default interval, and 2.5 times the 2 s window
+# that rates are measured over. A loader's step between tensors (open the next file, parse a
+# header) is well under a second; a copy from a throttled swap device dispatches in bursts of
+# ~0.1 s. Five quiet seconds with no phase open mean the load is over, and an operator waiting
+# for the answer does not wait long.
+QUIET_AFTER_S = 5.0
+
+
+def nvidia_loaded(root: Root) -> bool:
+    """An NVIDIA kernel module is loaded: only then can an allocation seen from counters be the
+    driver's (cudaHostAlloc)."""
+    return root.exists("proc/driver/nvidia") or root.exists("sys/module/nvidia")
 
 
 @dataclass
@@ -35,6 +51,8 @@ class WatchOptions:
     stall_after: float = 120.0          # no progress for this long inside a pin: stacks are kept, a note made
     heartbeat: float = 30.0             # the launcher form's stderr lines
     quiet_s: float = 5.0                # a phase shorter than this gets no heartbeat
+    until: str = "quiet"                # --pid: 'quiet' (the whole load) or 'pin' (the first pin's return)
+    quiet_after: float = QUIET_AFTER_S  # --pid: seconds with no phase open and nothing moving end the watch
 
 
 class Clock:
@@ -77,8 +95,9 @@ class Stalls:
                     on_stall(event)
 
 
-def finish_result(result: WatchResult, book: PhaseBook, sampler: Sampler, clock: Clock, samples: int) -> None:
-    result.phases = book.results()
+def finish_result(result: WatchResult, book: PhaseBook, sampler: Sampler, clock: Clock, samples: int,
+                  load: LoadBook | None = None) -> None:
+    result.phases = sorted(book.results() + (load.results() if load is not None else []), key=lambda r: r.started_s)
     result.watched_s = round(clock.now(), 3)
     result.watcher = clock.cost(samples)
     result.unreadable = dict(sampler.problems)
@@ -115,29 +134,41 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
     result.name = first.get("name")
     result.facts = node_facts(Root(root.path, run=run))
     result.stacks.append(write_stacks(run, "stacks-start.txt", [pid], "at the attach", proc=sampler.proc))
-    book = PhaseBook(opts.size_bytes, sampler.page)
+    book = PhaseBook(opts.size_bytes, sampler.page, nvidia=nvidia_loaded(root), interval_s=opts.interval)
+    load = LoadBook(sampler.page, interval_s=opts.interval)
     writer = TimelineWriter(run)
     stalls = Stalls(run, opts.stall_after, sampler.proc)
     samples, outcome = 0, None
+    quiet_since: float | None = 0.0
     next_tick = time.monotonic()
     try:
         while outcome is None:
             t = clock.now()
             s = sampler.sample(t, [pid], book.active_tids())
             samples += 1
-            _, ended = book.update(s)
-            prog = book.progress()
+            started, ended = book.update(s)
+            for ph in ended:
+                tr = next((tr for p, tr in book.closed if p is ph), None)
+                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None)
+            lstarted, _ = load.update(s, pinning={p for p, _ in book.open}) if opts.until == "quiet" else ([], [])
+            prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "watch"}
             writer.write(s, keep={tid for tids in book.active_tids().values() for tid in tids})
             stalls.check(book, t)
             if on_progress and prog:
                 on_progress(prog)
+            if book.open or load.open or started or lstarted:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = t
             if pid not in s["procs"]:
                 outcome = "exited"
-            elif any(ph.end_reason == "returned" for ph in ended):
+            elif opts.until == "pin" and any(ph.end_reason == "returned" for ph in ended):
                 outcome = "completed"
-            elif ended:
+            elif opts.until == "pin" and ended:
                 outcome = "exited"
+            elif opts.until == "quiet" and quiet_since is not None and t - quiet_since >= opts.quiet_after:
+                outcome = "quiet"
             elif opts.deadline is not None and t >= opts.deadline:
                 outcome = "deadline"
             else:
@@ -150,12 +181,27 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
     if outcome in ("deadline", "interrupted") and book.open:
         result.stacks.append(write_stacks(run, f"stacks-{outcome}.txt", [pid], f"at the {outcome}", proc=sampler.proc))
     result.stalls = stalls.events
-    if not book.closed and not book.open:
-        outcome = "no-pin" if outcome != "interrupted" else outcome
+    result.until, result.quiet_after_s = opts.until, opts.quiet_after if opts.until == "quiet" else None
+    result.ended_by = {"completed": "pin"}.get(outcome, outcome)
     result.outcome = outcome
-    finish_result(result, book, sampler, clock, samples)
-    if outcome == "exited" and result.main_phase is not None and result.main_phase.outcome == "completed":
-        result.outcome = outcome = "completed"
-        result.verdict = watch_verdict(result)
-    result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(outcome, EXIT_FAIL)
+    finish_result(result, book, sampler, clock, samples, load)
+    if not result.phases:
+        outcome = "no-pin" if outcome != "interrupted" else outcome
+    elif outcome in ("exited", "quiet"):
+        # the process went quiet or exited: the load ended; how its pins ended says how it went
+        pins = [p.outcome for p in result.phases if p.pin]
+        outcome = ("unknown" if "unknown" in pins else "exited" if any(o in ("exited", "open") for o in pins)
+                   else "completed")
+    result.outcome = outcome
+    result.verdict = watch_verdict(result)
+    result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED,
+                        "unknown": EXIT_UNEVALUATED}.get(outcome, EXIT_FAIL)
     return result
+
+
+def load_progress(load: LoadBook) -> dict | None:
+    """The progress of the oldest open load phase, for the progress line and the timeline."""
+    if not load.open:
+        return None
+    ph, tr = min(load.open.values(), key=lambda e: e[0].started_t)
+    return dict(tr.progress, phase=ph.kind, pid=ph.pid, tid=ph.pid)

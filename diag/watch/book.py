@@ -5,17 +5,19 @@ from typing import Any
 
 from .phases import Phase, PhaseDetector, alive
 from .result import PhaseResult
-from .tracker import Tracker
+from .tracker import Tracker, judged
 
 __all__ = ["PhaseBook"]
 
 
 class PhaseBook:
-    def __init__(self, size_bytes: int | None = None, page: int = 4096, window_s: float = 2.0):
+    def __init__(self, size_bytes: int | None = None, page: int = 4096, window_s: float = 2.0, nvidia: bool = True,
+                 interval_s: float = 0.5):
         self.size_bytes = size_bytes
         self.page = page
         self.window_s = window_s
-        self.detector = PhaseDetector()
+        self.interval_s = interval_s
+        self.detector = PhaseDetector(nvidia=nvidia)
         self.open: dict[tuple[int, int], tuple[Phase, Tracker]] = {}
         self.closed: list[tuple[Phase, Tracker]] = []
         self.prev: dict | None = None
@@ -26,7 +28,8 @@ class PhaseBook:
     def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
         procs = sample.get("procs") or {}
         if not all(alive(p) for p in procs.values()):  # a zombie's figures are no progress (VmSwap reads 0)
-            sample = dict(sample, procs={pid: p for pid, p in procs.items() if alive(p)})
+            sample = dict(sample, procs={pid: p for pid, p in procs.items() if alive(p)},
+                          listed=[str(pid) for pid in procs])  # a zombie was seen: it did not vanish
         started, ended = self.detector.update(sample)
         # the ended first: a thread that goes from one pin to the next (a prefault, then mlock) ends
         # one phase and starts another in the same sample, under the same key
@@ -72,11 +75,11 @@ class PhaseBook:
     def results(self) -> list[PhaseResult]:
         out = []
         for ph, tr in self.closed + list(self.open.values()):
-            out.append(_result(ph, tr, self.size_bytes, self.page))
+            out.append(_result(ph, tr, self.size_bytes, self.page, self.interval_s))
         return sorted(out, key=lambda r: r.started_s)
 
 
-def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseResult:
+def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_s: float = 0.5) -> PhaseResult:
     s = tr.summary()
     p = tr.progress
     at_return = ph.at_return
@@ -85,9 +88,12 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
         p = at_return
         s = dict(s, pinned_pages=at_return["pinned_pages"], rate_pages_s=tr._phase_rate(at_return["pinned_pages"]))
     outcome = "open" if ph.ended_t is None else ("completed" if ph.end_reason == "returned" else "exited")
-    inferred = outcome == "exited" and (p.get("pct") or 0) >= 99.5 and ph.end_reason == "process gone"
+    inferred = outcome == "exited" and (p.get("pct") or 0) >= 99.5 and ph.end_reason in ("process gone",
+                                                                                        "process vanished")
     if inferred:  # every page was in when the process went away: the pin had done its work
         outcome = "completed"
+    elif ph.end_reason == "process vanished":  # gone between two samples, how it ended unseen
+        outcome = "unknown"
     size = size_bytes or ph.size_hint
     r = PhaseResult(pid=ph.pid, tid=ph.tid, comm=ph.comm, kind=ph.kind, started_s=round(ph.started_t, 3),
                     seen_start=ph.seen_start, outcome=outcome, seconds=s["seconds"], size_bytes=size,
@@ -99,11 +105,20 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int) -> PhaseR
                     first_bound=s["first_bound"], first_bound_at_s=s["first_bound_at_s"], catalog=s["catalog"],
                     eta_at_20pct=s["eta_at_20pct"], eta_first=s["eta_first"], shared_counters=s["shared_counters"],
                     figures=s["figures"])
-    if outcome == "completed" and r.seconds:
-        if r.eta_at_20pct:
-            r.eta_error = round((r.eta_at_20pct["predicted_total_s"] - r.seconds) / r.seconds, 4)
-        if r.eta_first:
-            r.eta_first_error = round((r.eta_first["predicted_total_s"] - r.seconds) / r.seconds, 4)
+    if outcome == "completed" and not inferred:
+        r.eta_error = judged(r.eta_at_20pct, r.seconds, r.bound)
+        r.eta_first_error = judged(r.eta_first, r.seconds, r.bound)
+    left = (p.get("swap_pages_left") or 0) * page
+    if outcome == "completed" and r.bound == "swap-in" and left >= (1 << 20) and "still in swap" in str(
+            (r.eta_first or {}).get("basis")):
+        r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after the pin: memory it "
+                       "did not cover, which the VmSwap-based ETA counted (--size, or mlock's length, bounds it)")
+    if outcome == "unknown":
+        eta = p.get("eta_s")
+        due = f", due to end {eta:.1f} s later" if eta is not None else ""
+        pct = f" at {p['pct']:.0f}%" if p.get("pct") is not None else ""
+        r.notes.append(f"exited; last seen in the pin{pct}{due}: outcome unknown (the process was gone by the next "
+                       f"sample, {interval_s:g} s later, and nothing showed how it ended)")
     if outcome == "completed" and s["rate_pages_s"] is not None:
         r.rate_pages_s = s["rate_pages_s"]  # over the whole phase, not the last window (which ends in the return)
     if inferred:

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import click
 
 from .. import cliopts
-from ..cliopts import SIZE, FiniteRange, json_option, open_run, out_option, unwritten_exit
+from ..cliopts import SIZE, FiniteRange, InputError, json_option, json_to_file, open_run, out_option, unwritten_exit
 from ..exitcodes import EXIT_INTERRUPTED
 from ..units import SIZE_EXAMPLE
+from .attach import QUIET_AFTER_S
 
 __all__ = ["watch"]
 
@@ -17,16 +19,18 @@ __all__ = ["watch"]
 class _Heartbeat:
     """--heartbeat lines for --pid, where the launcher form has them built in."""
 
-    def __init__(self, every: float, pid: int):
+    def __init__(self, every: float, pid: int, page: int = 4096):
         from .render import heartbeat_line
-        self.every, self.pid, self.line = every, pid, heartbeat_line
+        self.every, self.pid, self.line, self.page = every, pid, heartbeat_line, page
         self._last = -1e9
 
     def __call__(self, prog: dict) -> None:
-        t = prog.get("elapsed_s") or 0.0
+        # the watch's clock, not the phase's elapsed time: that starts again at each phase, and a
+        # line was then owed until the new phase had run as long as the old one
+        t = time.monotonic()
         if t - self._last >= self.every:
             self._last = t
-            click.echo(self.line(self.pid, prog), err=True)
+            click.echo(self.line(self.pid, prog, self.page), err=True)  # the node's page size, not 4 KiB
 
 
 @click.command("watch", context_settings={"allow_interspersed_args": False})
@@ -38,7 +42,14 @@ class _Heartbeat:
 @click.option("--interval", type=FiniteRange(min=0.05, max=10), default=0.5, show_default=True,
               help="Seconds between samples.")
 @click.option("--deadline", type=FiniteRange(min=1), default=None,
-              help="Stop watching after this many seconds (default: when the pin returns or the process exits).")
+              help="Stop watching after this many seconds (default: when the process is quiet or exits).")
+@click.option("--until", type=click.Choice(["quiet", "pin"]), default="quiet", show_default=True,
+              help="--pid: follow the whole load (pins, and the copies, reads and allocations around them) until "
+                   "the process is quiet; or stop when the first pin returns (pin).")
+@click.option("--quiet-after", type=FiniteRange(min=0.5), default=QUIET_AFTER_S, show_default=True,
+              metavar="SECONDS",
+              help="--pid --until quiet: end after this many seconds with no pin, swap-in, file read or memory "
+                   "growth.")
 @click.option("--stall-after", type=FiniteRange(min=0.5), default=120.0, show_default=True,
               help="No progress for this long inside a pin: every thread's stack is kept and a line printed "
                    "(the process is left alone).")
@@ -48,7 +59,7 @@ class _Heartbeat:
 @json_option
 @out_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
-def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, command):
+def watch(pid, size, interval, deadline, until, quiet_after, stall_after, heartbeat, as_json, out, command):
     """Name the cause of a pin while it happens: attach to a process, or run a command under the watch.
 
     \b
@@ -61,13 +72,20 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     total it says "ETA needs --size". Kernel stacks need root. Evidence: timeline.jsonl,
     stacks-*.txt and result.json in a run directory.
 
+    After a pin returns, --pid keeps following the process while it is busy with memory in
+    its own faults (copy-from-swap, file-read, alloc: phases that are not pins, each with
+    its bound and ETA) and ends when it has been quiet for --quiet-after seconds.
+
     \b
-    --pid exit codes: 0 the pin returned; 1 the watch ended first (deadline, the process
-    exited or was killed inside the pin, or no pin was seen); 2 bad command line; 3 nothing
-    to watch (no such process, a zombie, or a kernel thread, which has no user memory and
-    cannot pin), or the pin returned but its evidence could not be kept; 130 interrupted.
+    --pid exit codes: 0 every pin returned and the process went quiet or exited (--until
+    pin: the pin returned); 1 the watch ended first (deadline, the process exited or was
+    killed inside a pin, or nothing was seen); 2 bad command line; 3 nothing to watch (no
+    such process, a zombie, or a kernel thread, which cannot pin), the outcome is unknown
+    (the process vanished between two samples inside a pin), or the pins returned but the
+    evidence could not be kept; 130 interrupted.
     Launcher exit codes: CMD's own, 128+N when signal N ended it, 127 CMD not found, 126
-    CMD cannot be run; evidence that could not be kept is a warning, never another code.
+    CMD cannot be run; evidence that could not be kept is a warning, never another code. The
+    launcher form leaves stdout and stderr to CMD: its JSON goes to --json-file.
     """
     from .attach import WatchOptions
     from ..resultbase import write_result
@@ -76,8 +94,11 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     if (pid is None) == (not command):
         raise click.UsageError("give either --pid PID or a command after --, e.g. hostpin watch --pid 4711 or "
                                "hostpin watch -- python serve.py")
+    if command and as_json:
+        raise click.UsageError("--json would mix hostpin's JSON into CMD's stdout; write it to a file with "
+                               "--json-file PATH")
     opts = WatchOptions(size_bytes=size, interval=interval, deadline=deadline, stall_after=stall_after,
-                        heartbeat=heartbeat or 30.0)
+                        heartbeat=heartbeat or 30.0, until=until, quiet_after=quiet_after)
     # CMD's life and exit code come first: a run directory that cannot be made, or a disk that
     # fills while CMD runs, loses the evidence (a warning on stderr), never CMD
     run = open_run(out, "watch", durable=True, keep_going=True)
@@ -85,8 +106,9 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     try:
         if pid is not None:
             from .attach import watch_pid
-            bar = ProgressLine(page=_page())
-            tick = _Heartbeat(heartbeat, pid) if heartbeat else bar
+            page = _page()
+            bar = ProgressLine(page=page)
+            tick = _Heartbeat(heartbeat, pid, page) if heartbeat else bar
             result = watch_pid(pid, opts, run, on_progress=tick)
             bar.done()
         else:
@@ -102,6 +124,12 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     if run.lost is not None and pid is not None:  # decided first: 1 stays 1, a pin that returned becomes 3
         result.exit_code = unwritten_exit(result.exit_code)
         data["exit_code"] = result.exit_code
+    try:
+        json_to_file(data)
+    except InputError as exc:  # the same rule; the launcher form keeps CMD's code and warns
+        click.echo(f"hostpin: warning: {exc}" if pid is None else f"hostpin: error: {exc}", err=True)
+        if pid is not None:
+            result.exit_code = unwritten_exit(result.exit_code)
     if pid is None:
         click.echo(f"hostpin: {result.verdict} ({where})", err=True)
         if as_json:

@@ -5,8 +5,10 @@ stderr; signals sent to hostpin (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGU
 SIGWINCH, SIGCONT) are passed to that group once, and at a terminal CMD's group gets the
 foreground, so Ctrl-C reaches it directly. hostpin exits with CMD's exit code, 128+N when a
 signal N ended it. While CMD lives, its whole process tree is sampled; every pin phase in
-any of its threads gets its own tracker, and one that lasts longer than a few seconds gets
-a line on stderr every --heartbeat seconds. The run directory keeps CMD's whole life. The
+any of its threads gets its own tracker, and so does the load around the pins (a copy from
+swap, a file read, an allocation in a process's own faults: diag.watch.load); one that lasts
+longer than a few seconds gets a line on stderr every --heartbeat seconds. Its JSON goes to
+--json-file only: stdout and stderr are CMD's. The run directory keeps CMD's whole life. The
 watch only reads: it never signals CMD except to pass on a signal sent to hostpin.
 """
 from __future__ import annotations
@@ -22,8 +24,9 @@ from ..evidence import RunDir
 from ..exitcodes import EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND
 from ..facts import node_facts
 from ..rootfs import Root
-from .attach import Clock, Stalls, WatchOptions, finish_result
+from .attach import Clock, Stalls, WatchOptions, finish_result, load_progress, nvidia_loaded
 from .book import PhaseBook
+from .load import LoadBook
 from .render import heartbeat_line
 from .result import WatchResult
 from .sampler import Sampler, descendants
@@ -109,7 +112,8 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
             pass
 
     old = {s: signal.signal(s, forward) for s in FORWARDED}
-    book = PhaseBook(opts.size_bytes, sampler.page)
+    book = PhaseBook(opts.size_bytes, sampler.page, nvidia=nvidia_loaded(root), interval_s=opts.interval)
+    load = LoadBook(sampler.page, interval_s=opts.interval)
     writer = TimelineWriter(run)
     stalls = Stalls(run, opts.stall_after, sampler.proc)
     tree: list[int] = [child.pid]
@@ -125,9 +129,13 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
             s = sampler.sample(t, tree, book.active_tids())
             samples += 1
             started, ended = book.update(s)
-            prog = book.progress()
+            for ph in ended:
+                tr = next((tr for p, tr in book.closed if p is ph), None)
+                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None)
+            lstarted, lended = load.update(s, pinning={p for p, _ in book.open})
+            prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "run"}
-            if book.open or started or ended or t - last_line >= IDLE_EVERY_S:
+            if book.open or load.open or started or ended or lstarted or lended or t - last_line >= IDLE_EVERY_S:
                 writer.write(s, keep={tid for tids in book.active_tids().values() for tid in tids})
                 last_line = t
             stalls.check(book, t, lambda e: heartbeat(
@@ -138,6 +146,11 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
                 if age >= opts.quiet_s and t - said.get((pid, tid), -1e9) >= opts.heartbeat and tr.progress:
                     said[(pid, tid)] = t
                     heartbeat(heartbeat_line(pid, tr.progress, sampler.page))
+            for pid, (lph, ltr) in load.open.items():
+                age = t - lph.started_t
+                if age >= opts.quiet_s and t - said.get((pid, -1), -1e9) >= opts.heartbeat and ltr.progress:
+                    said[(pid, -1)] = t
+                    heartbeat(heartbeat_line(pid, dict(ltr.progress, phase=lph.kind), sampler.page))
             for ph in ended:
                 if (ph.pid, ph.tid) in said:
                     done = next(r for r in book.results() if r.pid == ph.pid and r.tid == ph.tid
@@ -171,5 +184,5 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
     result.exit_code = rc if rc >= 0 else 128 - rc
     result.outcome = "command"
     result.stalls = stalls.events
-    finish_result(result, book, sampler, clock, samples)
+    finish_result(result, book, sampler, clock, samples, load)
     return result

@@ -13,7 +13,11 @@ process that exits, is dying (every thread past do_exit's start, or SIGKILL pend
 zombie ends its phases as gone: exited inside the pin, unless a sample showed the thread
 outside it first (a zombie counts as no thread at all, never as outside) or the process, one
 thread when last seen, ended by an exit code (its exit() came from user space, after the pin
-returned); one killed by a signal was interrupted. A running thread's stack is often
+returned); one killed by a signal was interrupted; one that vanished between two samples
+(reaped before a sample saw how it ended) has an unknown outcome. A kind guessed from
+counters (an allocation: RssShmem growing) is refined when a stack or system call names it
+(mlock of shared memory), never split into two phases; with no NVIDIA driver loaded nothing
+is guessed to be the driver's. A running thread's stack is often
 cut short (the kernel does not stop it to unwind it), so a running thread with a stack that
 says nothing keeps its phase.
 """
@@ -23,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .frames import in_pin_path, pin_kind
+from .frames import in_pin_path, normalize, pin_kind
 from .tracker import _pins
 
 __all__ = ["Phase", "PhaseDetector", "PIN_CALLS", "alive"]
@@ -50,7 +54,8 @@ class Phase:
     syscall: Any = None
     size_hint: int | None = None       # bytes, from mlock's length argument
     ended_t: float | None = None
-    end_reason: str | None = None      # 'returned', 'thread gone', 'process gone'
+    end_reason: str | None = None      # 'returned', 'thread gone', 'process gone', 'process vanished'
+    guessed: bool = False              # the kind was guessed from counters: a stack or call may refine it
     _outside: int = field(default=0, repr=False)
     _out_since: float | None = field(default=None, repr=False)
     _pins0: int = field(default=0, repr=False)       # pins outstanding (system-wide) when it began ...
@@ -90,6 +95,11 @@ def _faults_per_s(th: dict, before: dict | None, dt: float) -> float:
     return ((th["minflt"] + (th.get("majflt") or 0)) - (before["minflt"] + (before.get("majflt") or 0))) / dt
 
 
+# frames of a fault taken in user space: get_user_pages faults pages in through handle_mm_fault
+# without them, so a stack that has them (and nothing of a pin) is the process's own fault
+_USER_FAULT = {"asm_exc_page_fault", "exc_page_fault", "do_user_addr_fault", "irqentry_exit_to_user_mode"}
+
+
 def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bool = False,
              undoing: bool = False) -> bool | None:
     """True: in a pin; False: certainly not; None: cannot tell from this sample."""
@@ -105,14 +115,23 @@ def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bo
         return False  # running in user space: whatever it pinned has returned
     if frames is not None and th.get("state") in ("S", "I", "T", "t"):
         return False  # (a zombie or dying thread is not "outside": it is gone, see PhaseDetector.update)
+    if frames and any(normalize(f.split(" [", 1)[0]) in _USER_FAULT for f in frames):
+        return False  # a page fault taken in user space (a copy reading swapped memory), not get_user_pages
     if call not in (None, "running", "ioctl"):
         return False
     return None
 
 
+def _listed(sample: dict, pid: int) -> bool:
+    """Whether a sample lists the process at all (a recorded zombie is listed, dead)."""
+    procs = sample.get("procs") or {}
+    return pid in procs or str(pid) in procs or str(pid) in (sample.get("listed") or ())
+
+
 class PhaseDetector:
-    def __init__(self, end_after: int = 2):
+    def __init__(self, end_after: int = 2, nvidia: bool = True):
         self.end_after = end_after
+        self.nvidia = nvidia  # an NVIDIA driver is loaded: an allocation seen from counters may be its
         self.active: dict[tuple[int, int], Phase] = {}
         self.done: list[Phase] = []
         self.samples_seen = 0
@@ -162,20 +181,23 @@ class PhaseDetector:
                 last = self.outside.get(key, True)
                 was_outside = last is False or (last is None and not allocating)
                 self.outside[key] = state
+                named = pin_kind(th.get("frames") or []) or ("mlock" if th.get("syscall") in PIN_CALLS else None)
                 if phase is None:
                     if state:
                         phase = Phase(pid=int(pid), tid=int(tid), comm=th.get("comm") or p.get("name"),
                                       _pins0=_pins(prev) if prev else pins_now, _pins_peak=pins_now,
                                       started_t=prev.get("t", sample["t"]) if allocating else sample["t"],
                                       seen_start=was_outside,
-                                      kind=pin_kind(th.get("frames") or []) or
-                                      ("mlock" if th.get("syscall") in PIN_CALLS else
-                                       "hostalloc" if allocating and shmem_s >= SHMEM_BYTES_S else None),
+                                      kind=named or ("hostalloc" if self.nvidia and allocating
+                                                     and shmem_s >= SHMEM_BYTES_S else None),
+                                      guessed=named is None,
                                       syscall=th.get("syscall"), size_hint=th.get("syscall_len"))
                         self.active[key] = phase
                         started.append(phase)
                     continue
-                kind = pin_kind(th.get("frames") or []) or ("mlock" if th.get("syscall") in PIN_CALLS else None)
+                kind = named
+                if kind and phase.guessed:  # what the counters suggested, now named by a stack or a call
+                    phase.kind, phase.guessed = kind, False
                 if kind and phase.kind and kind != phase.kind:
                     # another call in the same thread without a visible return (a prefault, then mlock)
                     ended.append(self._close(key, sample["t"], "returned"))
@@ -185,8 +207,8 @@ class PhaseDetector:
                     self.active[key] = phase
                     started.append(phase)
                     continue
-                if phase.kind is None:
-                    phase.kind = kind
+                if phase.kind is None and kind:
+                    phase.kind, phase.guessed = kind, False
                 if phase.size_hint is None and th.get("syscall_len"):
                     phase.size_hint = th["syscall_len"]
                 if state is False:
@@ -195,10 +217,11 @@ class PhaseDetector:
                     phase._outside += 1
                     if phase._outside >= self.end_after:  # it returned when it was first seen outside
                         ended.append(self._close(key, phase._out_since, "returned"))
-                else:
+                elif state:  # inside again: an earlier look outside was not the return
                     phase._outside = 0
-                    if state:  # inside again: an earlier look outside was not the return
-                        phase._out_since = None
+                    phase._out_since = None
+                # (a sample that cannot tell, a running thread with no stack, neither ends nor resumes it:
+                # a copy after the pin, R in user space between its faults, looked so most of the time)
         self.prev = sample
         for key, phase in list(self.active.items()):
             pid, tid = key
@@ -208,6 +231,8 @@ class PhaseDetector:
                 if "exit" in how and self.threads.get(pid, 0) == 1:
                     # its only thread called exit() from user space: the pin had returned
                     ended.append(self._close(key, sample["t"], "returned"))
+                elif not how and not _listed(sample, pid):  # reaped unseen: the pin may have returned
+                    ended.append(self._close(key, sample["t"], "process vanished"))
                 else:  # killed (the pin interrupted), or it cannot be told: exited inside the pin
                     ended.append(self._close(key, sample["t"], "process gone"))
             else:

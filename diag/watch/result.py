@@ -7,12 +7,16 @@ from typing import Any, ClassVar
 
 from ..resultbase import Result
 
-__all__ = ["WatchResult", "PhaseResult", "OUTCOMES"]
+__all__ = ["WatchResult", "PhaseResult", "OUTCOMES", "LOAD_KINDS"]
 
 # completed: the pin returned while watched; deadline: still pinning at --deadline; exited: the
 # process (or the thread) ended inside the pin; no-pin: no pin phase was seen; gone: nothing to
 # watch (no such process, a zombie, a kernel thread); interrupted: Ctrl-C or SIGTERM; command: the launcher form, CMD ended (its code is kept)
-OUTCOMES = ("completed", "deadline", "exited", "no-pin", "gone", "interrupted", "command")
+# unknown: the process vanished between two samples while inside a pin (how it ended unseen)
+OUTCOMES = ("completed", "deadline", "exited", "no-pin", "gone", "interrupted", "command", "unknown")
+
+# the kinds of phase that are not pins (diag.watch.load): the load around a pin
+LOAD_KINDS = ("copy-from-swap", "file-read", "alloc")
 
 
 @dataclass
@@ -20,10 +24,10 @@ class PhaseResult:
     pid: int
     tid: int
     comm: str | None
-    kind: str | None                   # register, hostalloc, mlock, populate, pin, or None
+    kind: str | None                   # a pin: register, hostalloc, mlock, populate, or None; not a pin: LOAD_KINDS
     started_s: float                   # since watching began
     seen_start: bool                   # False: it was already pinning when hostpin attached
-    outcome: str                       # completed, open (still pinning), exited
+    outcome: str                       # completed, open (still going), exited, unknown
     seconds: float | None = None       # as watched: from the start (or the attach) to the return
     size_bytes: int | None = None
     size_from: str | None = None       # '--size' or 'mlock length'
@@ -48,6 +52,8 @@ class PhaseResult:
     shared_counters: list[str] = field(default_factory=list)
     figures: dict = field(default_factory=dict)   # what the process showed over the phase (Tracker.figures)
     notes: list[str] = field(default_factory=list)
+    pin: bool = True                   # False: the load around a pin (a copy from swap, a file read, an allocation)
+    words: str | None = None           # what a phase that is no pin is, in words
 
 
 @dataclass
@@ -67,6 +73,9 @@ class WatchResult(Result):
     size_bytes: int | None = None
     interval_s: float = 0.5
     deadline_s: float | None = None
+    until: str | None = None           # --pid: 'quiet' (the whole load) or 'pin' (the first pin's return)
+    quiet_after_s: float | None = None
+    ended_by: str | None = None        # --pid: what ended the watch: quiet, exited, pin, deadline, interrupted
     watched_s: float | None = None
     phases: list[PhaseResult] = field(default_factory=list)
     bound: str | None = None

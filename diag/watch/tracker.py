@@ -17,7 +17,13 @@ result keeps. Progress is counted on one basis:
   whose pages are counted as the node's shared memory before they are mapped into the process.
 - ``auto`` (a process hostpin did not start): swap while the bound is swap-in, else shmem
   when it grows, else resident, else pins.
+- ``read``: the process's read_bytes above its start (a load phase reading a file).
 - ``vm:COUNTER``: any counter of the samples' "vm" (a recorded timeline's own progress).
+
+An ETA comes from the phase it predicts, at that phase's rate: the pages still in VmSwap at
+the swap-in rate only while the phase itself is bound by swap-in (a pinned allocation before
+a copy from swap must not be predicted from the copy's swap), else the pages left at the
+phase's own progress rate.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from typing import Any
 
 from .bounds import catalog_for, classify, estimate_eta
 
-__all__ = ["Tracker", "progress_signature", "moved", "targets_sum"]
+__all__ = ["Tracker", "progress_signature", "moved", "targets_sum", "judged"]
 
 
 def targets_sum(sample: dict, key: str, pids=None) -> int:
@@ -34,6 +40,18 @@ def targets_sum(sample: dict, key: str, pids=None) -> int:
         if pids is None or str(pid) in pids or pid in pids:
             total += p.get(key) or 0
     return total
+
+
+def judged(eta: dict | None, seconds: float | None, bound: str | None) -> float | None:
+    """The error of an ETA against the real end, as a fraction, where the prediction can be
+    judged: made inside the phase, before its end, for the work the phase was doing (its bound
+    then is the phase's bound). An ETA made from another kind of work (a pinned allocation
+    predicted from the swap a copy will read later) predicted something else: no error."""
+    if not eta or not seconds or eta.get("at_s") is None or eta["at_s"] >= seconds:
+        return None
+    if eta.get("bound") is not None and eta["bound"] != bound:
+        return None
+    return round((eta["predicted_total_s"] - seconds) / seconds, 4)
 
 
 def _pins(sample: dict) -> int:
@@ -70,7 +88,7 @@ def moved(sig: tuple, ref: tuple | None) -> bool:
 class Tracker:
     def __init__(self, *, size_bytes: int | None = None, page: int = 4096, basis: str = "auto", pids=None,
                  tids=None, clean_pages_s: float | None = None, window_s: float = 2.0,
-                 base_resident: int | None = None):
+                 base_resident: int | None = None, whole_intervals: bool = False):
         self.page = page
         self.expected = size_bytes // page if size_bytes else None
         self.basis_wanted = basis
@@ -79,6 +97,9 @@ class Tracker:
         self.clean_pages_s = clean_pages_s
         self.window_s = window_s
         self.base_resident = base_resident
+        # figures from the sample before the phase through the one at its end: a load phase's work
+        # lies between those (a pin's sample before may be long before, the one after its undo)
+        self.whole_intervals = whole_intervals
         self.t0: float | None = None
         self.t_end: float | None = None
         self.seen_start = True
@@ -119,6 +140,7 @@ class Tracker:
             "rss0": targets_sum(sample, "vm_rss", self.pids),
             "shm0": targets_sum(sample, "rss_shmem", self.pids),
             "swap0": targets_sum(sample, "vm_swap", self.pids),
+            "read0": targets_sum(sample, "read_bytes", self.pids),
             "node_shm0": (sample.get("mem") or {}).get("Shmem") or 0,
         }
         if self.basis_wanted.startswith("vm:"):
@@ -150,10 +172,14 @@ class Tracker:
         b = self._bases
         rss = targets_sum(sample, "vm_rss", self.pids) - b["rss0"]
         shm = targets_sum(sample, "rss_shmem", self.pids) - b["shm0"]
-        if self.basis in ("swap", "shmem", "node-shmem"):  # once the pin showed what it is, it stays so
-            return self.basis
+        # VmSwap can count the pin's work only when all of it can be the region's: a process with
+        # more in swap than the pin covers holds swap the pin never reads (another buffer, the
+        # launcher's own heap), and counting it as the pin's makes the progress 0% and the ETA late
+        swap_fits = self.expected is None or b["swap0"] // self.page <= self.expected
+        if self.basis in ("shmem", "node-shmem") or (self.basis == "swap" and swap_fits):
+            return self.basis  # once the pin showed what it is, it stays so
         swap = targets_sum(sample, "vm_swap", self.pids)
-        if bound == "swap-in" and 0 < swap < b["swap0"]:  # its own VmSwap drains (shmem's swap is not in it)
+        if bound == "swap-in" and 0 < swap < b["swap0"] and swap_fits:  # (shmem's swap is not in VmSwap)
             return "swap"
         if shm > 0 and shm >= rss // 2:
             return "shmem"
@@ -175,6 +201,8 @@ class Tracker:
             return self.expected - min(self.expected, swap)
         if basis == "pins":
             done = _pins(sample) - b["pins"]
+        elif basis == "read":
+            done = (targets_sum(sample, "read_bytes", self.pids) - b["read0"]) // page
         elif basis.startswith("vm:"):
             done = (sample.get("vm") or {}).get(basis[3:], 0) - b.get(basis, 0)
         elif basis == "shmem":
@@ -228,7 +256,9 @@ class Tracker:
             rate = self._rate(t)
         swap_left = targets_sum(sample, "vm_swap", self.pids) // self.page
         if len(inside) >= 2 and inside[-1]["t"] - inside[0]["t"] >= self.window_s / 2 - 1e-6:
-            eta = estimate_eta(inside, done, self.expected, swap_left, self.clean_pages_s, rate, self.pids, self.page)
+            # the pages still in swap predict this phase only while swap-in is what it waits on
+            eta = estimate_eta(inside, done, self.expected, swap_left if c["bound"] == "swap-in" else None,
+                               self.clean_pages_s, rate, self.pids, self.page)
         else:  # one interval says little: disk throttles and readahead come in bursts
             eta = {"eta_s": None, "eta_basis": None, "swapin_pages_s": None}
         elapsed = t - self.t0
@@ -250,11 +280,13 @@ class Tracker:
                     self.shared.append(note)
         if in_call and self.eta_first is None and eta["eta_s"] is not None:
             self.eta_first = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": pct,
-                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
+                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
+                              "bound": c["bound"]}
         if (in_call and self.eta_at_20 is None and pct is not None and pct >= 20.0 and done < self.expected
                 and eta["eta_s"] is not None):
             self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": round(pct, 2),
-                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"]}
+                              "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
+                              "bound": c["bound"]}
         sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
         if moved(sig, self._last_sig):
             self._last_sig = sig
@@ -312,9 +344,14 @@ class Tracker:
             return {}
         # up to the return (a process may free everything right after), from the first sample
         # inside the phase (the one before it may be long before)
-        last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] < self.t_end - 1e-9),
-                    self.samples[-1])
-        first = self._first_inside or self._first
+        if self.whole_intervals:
+            last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] <= self.t_end + 1e-9),
+                        self.samples[-1])
+            first = self._first
+        else:
+            last = next((x for x in reversed(self.samples) if self.t_end is None or x["t"] < self.t_end - 1e-9),
+                        self.samples[-1])
+            first = self._first_inside or self._first
         end = self.t_end if self.t_end is not None else last["t"]
         dt = max(1e-6, end - first["t"]) if first is not last else max(1e-6, self.elapsed or 0.0)
 

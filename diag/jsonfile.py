@@ -1,0 +1,52 @@
+"""`--json-file PATH`: a command's JSON document in a file instead of (or beside) stdout.
+
+For a launcher that parses the result while the command's own output goes to the terminal
+(`hostpin watch --json-file F -- CMD`: CMD's stdout and stderr stay CMD's). The document is
+the one `--json` prints, written atomically: a temporary file in PATH's directory (created
+with O_EXCL, so never through a link), fsynced, then renamed over PATH. A link at PATH is
+replaced, never followed; a directory, FIFO or device at PATH is refused; the directory must
+exist (none is created).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["problem_with", "write_json_file", "dumps"]
+
+
+def dumps(doc: Any) -> str:
+    return json.dumps(doc, indent=2, default=str)
+
+
+def problem_with(path: Path) -> str | None:
+    """Why PATH cannot take the document, or None: the output-path rules of -o (a file is replaced
+    by a rename; a pipe, a terminal or /dev/null, also behind a link, is written through; any other
+    link, device or directory is never followed nor replaced)."""
+    from .confined import PathRefused, output_fd
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        return f"its directory {parent} does not exist"
+    try:
+        fd = output_fd(path)
+    except PathRefused as exc:
+        return str(exc)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if fd is not None:
+        os.close(fd)
+    return None
+
+
+def write_json_file(path: Path, text: str) -> Path:
+    """Write text to PATH as -o writes (0644: a launcher of another user may read it): into a new
+    file renamed over PATH, or through a pipe or terminal. OSError when it cannot."""
+    from .confined import PathRefused, write_output
+    path = Path(path)
+    try:
+        write_output(path, (text if text.endswith("\n") else text + "\n").encode(), mode=0o644)
+    except PathRefused as exc:
+        raise OSError(0, str(exc)) from None
+    return path
