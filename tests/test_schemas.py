@@ -164,8 +164,10 @@ def test_staging_json_validates(tmp_path):
 
 
 def test_watch_json_validates(tmp_path):
-    r = hostpin("watch", "--json", "--out", str(tmp_path), "--", "true")
-    data = _json(r)
+    f = tmp_path / "watch.json"  # the launcher form's JSON goes to --json-file (stdout is CMD's)
+    r = hostpin("watch", "--json-file", str(f), "--out", str(tmp_path), "--", "true")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(f.read_text())
     assert data["outcome"] == "command" and data["phases"] == []
     check_valid("hostpin.watch", data)
 
