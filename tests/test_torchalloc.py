@@ -257,3 +257,20 @@ def test_a_release_before_2_13_refuses_the_threshold_keys():
         plan_request(gib(5), version="2.13.0", confs={"PYTORCH_CUDA_ALLOC_CONF": key})
     req = plan_request(gib(5), version=None, confs={"PYTORCH_CUDA_ALLOC_CONF": "pinned_max_round_threshold_mb:1024"})
     assert req.request_bytes == 8 * GiB
+
+
+def test_pin_memory_verdict_names_the_copy_s_swap_in():
+    """The H200 run of Tensor.pin_memory() of 16 GiB with 2 GiB swapped (tests/fixtures/
+    h200-repro-torch-pin-memory): the call's majority bound is the allocation's (fault-in/zeroing),
+    and the 1.8 GiB read back from swap is the copy's, named with catalog 19, not hidden."""
+    from types import SimpleNamespace
+    from repro.outcome import verdict
+    r = json.loads((FIXTURES / "h200-repro-torch-pin-memory" / "result.json").read_text())
+    opts = SimpleNamespace(size=r["options"]["size"], ranks=1, torch_call="pin_memory", method="hostalloc",
+                           prefault=True, map="private", source="anon", chunk=None, deadline=160.0, stall_after=60.0)
+    text = verdict(opts, r)
+    assert "Tensor.pin_memory()" in text and "allocated and zeroed by cudaHostAlloc" in text, text
+    assert "read 1.8 GiB back from swap (474,325 pages" in text and "catalog 19" in text, text
+    assert r["copy_from_swap"]["swapin_pages"] == 474325 and r["copy_from_swap"]["swap_in_samples"] == 10
+    opts.torch_call = "empty"  # torch.empty has no copy: nothing is added
+    assert "back from swap" not in verdict(opts, r)
