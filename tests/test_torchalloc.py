@@ -265,7 +265,7 @@ def test_pin_memory_verdict_names_the_copy_s_swap_in():
     and the 1.8 GiB read back from swap is the copy's, named with catalog 19, not hidden."""
     from types import SimpleNamespace
     from repro.outcome import verdict
-    r = json.loads((FIXTURES / "h200-repro-torch-pin-memory" / "result.json").read_text())
+    r = json.loads((FIXTURES / "h200-repro-torch-pin-memory" / "repro-result.json").read_text())
     opts = SimpleNamespace(size=r["options"]["size"], ranks=1, torch_call="pin_memory", method="hostalloc",
                            prefault=True, map="private", source="anon", chunk=None, deadline=160.0, stall_after=60.0)
     text = verdict(opts, r)
