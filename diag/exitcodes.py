@@ -17,7 +17,7 @@ code  meaning
       limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
       written, a leftover that `repro cleanup` could not remove. One line names what and why.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
-      (`hostpin repro cleanup`, or --ignore-leftovers)
+      (`hostpin repro cleanup`, or --ignore-leftovers); --trace without root
 130   interrupted (Ctrl-C or SIGTERM), everything set up removed
 ====  ==========================================================================================
 

@@ -3,13 +3,14 @@
 A watched thread is, at every instant, on a CPU (between its switch-in and its switch-out) or
 off it (from a switch-out to the next switch-in). An off-CPU stretch after a sleep is
 attributed by the kernel stack taken at the switch-out (the `stacktrace` trigger) and by the
-windows open around it; one after a preemption (prev_state R) is time waiting for a CPU.
+windows open around it; one after a preemption (prev_state R) is `runqueue`: runnable, waiting
+for a CPU (a busy node's share, measured like the rest).
 Windows: direct and memcg reclaim (`mm_vmscan_*_reclaim_begin/end`), direct compaction
 (`mm_compaction_begin/end`), migration (`mm_migrate_pages_start` to `mm_migrate_pages`) and
 waiting for the mmap lock (`mmap_lock_start_locking` to `mmap_lock_acquire_returned`): all of
 a thread's time inside one (on or off CPU) is that window's. Each term is measured this way;
 none is a remainder: `other` holds only what was measured and named by none (a sleep whose
-stack says nothing known, a wait for a CPU), and time before the thread's first event is not
+stack says nothing known), and time before the thread's first event is not
 covered at all (`covered_s`).
 
 Time is kept in bins of BIN_S per thread, so a watch of any length costs the same memory;
@@ -28,7 +29,7 @@ from .parse import Event
 
 __all__ = ["CAUSES", "BIN_S", "Ledger", "budget_from_events", "classify_stack", "attach_budgets"]
 
-CAUSES = ("io", "reclaim", "compaction", "lock_wait", "migration", "cpu", "other")
+CAUSES = ("io", "reclaim", "compaction", "lock_wait", "migration", "cpu", "runqueue", "other")
 BIN_S = 0.05
 _WINDOW_PRIORITY = ("compaction", "reclaim", "migration", "lock_wait")
 _OPEN = {"mm_vmscan_direct_reclaim_begin": "reclaim", "mm_vmscan_memcg_reclaim_begin": "reclaim",
@@ -228,7 +229,7 @@ class Ledger:
                 th.last = ev.ts
                 th.on_cpu = False
                 preempted = ev.args["state"].startswith("R")
-                th.sleep_cause = "other" if preempted else None
+                th.sleep_cause = "runqueue" if preempted else None
                 th.off_at = None if preempted else ev.ts
                 self._bin(th, ev.ts).events["sched_switch"] += 1
             if nxt in self.threads:

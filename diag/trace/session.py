@@ -120,6 +120,7 @@ class Tracer:
         self.readers: list[_Reader] = []
         self.pids: list[int] = []
         self.tids: set[int] = set()
+        self.threads_of: dict[int, set[int]] = {}
         self.devices: set[str] = set()
         self._stack_filter = ""
         self._stop = threading.Event()
@@ -215,7 +216,11 @@ class Tracer:
 
     def _follow(self) -> None:
         """The watched processes' threads into set_event_pid, the stack filter and the ledger."""
-        new = {t for p in self.pids for t in _threads(p)} - self.tids
+        new: set[int] = set()
+        for p in self.pids:
+            tids = set(_threads(p))
+            self.threads_of.setdefault(p, set()).update(tids)
+            new |= tids - self.tids
         if not new:
             return
         main = self.instances[0]

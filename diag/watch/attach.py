@@ -23,6 +23,7 @@ from .render import watch_verdict
 from .result import WatchResult
 from .sampler import Sampler
 from .timeline import TimelineWriter, write_stacks
+from .traced import finish_trace, start_trace
 
 __all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result"]
 
@@ -35,6 +36,7 @@ class WatchOptions:
     stall_after: float = 120.0          # no progress for this long inside a pin: stacks are kept, a note made
     heartbeat: float = 30.0             # the launcher form's stderr lines
     quiet_s: float = 5.0                # a phase shorter than this gets no heartbeat
+    trace: bool = False                 # --trace: the kernel tracer (diag.trace) measures each phase's budget
 
 
 class Clock:
@@ -113,6 +115,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
             result.verdict = f"no process {pid} to watch (it does not exist, or /proc/{pid} cannot be read)"
         return result
     result.name = first.get("name")
+    tracer = start_trace(run, [pid], clock.t0, result.notes) if opts.trace else None
     result.facts = node_facts(Root(root.path, run=run))
     result.stacks.append(write_stacks(run, "stacks-start.txt", [pid], "at the attach", proc=sampler.proc))
     book = PhaseBook(opts.size_bytes, sampler.page)
@@ -147,6 +150,8 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
         outcome = "interrupted"
     finally:
         writer.close()
+        if tracer is not None:
+            tracer.stop()
     if outcome in ("deadline", "interrupted") and book.open:
         result.stacks.append(write_stacks(run, f"stacks-{outcome}.txt", [pid], f"at the {outcome}", proc=sampler.proc))
     result.stalls = stalls.events
@@ -157,5 +162,6 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
     if outcome == "exited" and result.main_phase is not None and result.main_phase.outcome == "completed":
         result.outcome = outcome = "completed"
         result.verdict = watch_verdict(result)
+    finish_trace(tracer, result)
     result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}.get(outcome, EXIT_FAIL)
     return result

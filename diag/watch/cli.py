@@ -44,10 +44,12 @@ class _Heartbeat:
 @click.option("--heartbeat", type=click.FloatRange(min=0.5), default=None,
               help="Seconds between stderr lines during a pin phase (launcher form: default 30; --pid: off, a "
                    "terminal gets a live line instead).")
+@click.option("--trace", "trace", is_flag=True,
+              help="Measure where each pin phase's time goes inside the kernel (tracefs; root): phases[].time_budget.")
 @json_option
 @out_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
-def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, command):
+def watch(pid, size, interval, deadline, stall_after, heartbeat, trace, as_json, out, command):
     """Name the cause of a pin while it happens: attach to a process, or run a command under the watch.
 
     \b
@@ -75,8 +77,11 @@ def watch(pid, size, interval, deadline, stall_after, heartbeat, as_json, out, c
     if (pid is None) == (not command):
         raise click.UsageError("give either --pid PID or a command after --, e.g. hostpin watch --pid 4711 or "
                                "hostpin watch -- python serve.py")
+    if trace:
+        from .traced import refuse_trace_without_root
+        refuse_trace_without_root()
     opts = WatchOptions(size_bytes=size, interval=interval, deadline=deadline, stall_after=stall_after,
-                        heartbeat=heartbeat or 30.0)
+                        heartbeat=heartbeat or 30.0, trace=trace)
     run = open_run(out, "watch", durable=True)
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

@@ -48,6 +48,7 @@ class PhaseResult:
     shared_counters: list[str] = field(default_factory=list)
     figures: dict = field(default_factory=dict)   # what the process showed over the phase (Tracker.figures)
     notes: list[str] = field(default_factory=list)
+    time_budget: dict | None = None    # --trace: diag.trace.budget (causes, explained, events, dropped, io)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class WatchResult(Result):
     notes: list[str] = field(default_factory=list)
     watcher: dict | None = None        # the watch's own cost: cpu_s, wall_s, cpu_pct_of_core, samples
     facts: dict | None = None
+    trace: dict | None = None          # --trace: the tracer's summary (instances, events, dropped, buffers, xids)
     run_dir: str | None = None
 
     @property
