@@ -115,6 +115,12 @@ def _remove_cgroup(item: Leftover) -> list[str]:
     return problems + remove_dir(path)
 
 
+def _remove_trace(item: Leftover) -> list[str]:
+    from diag.trace.tracefs import remove_instance
+    err = remove_instance(Path(item.path))
+    return [err] if err else []
+
+
 def _remove_file(item: Leftover) -> list[str]:
     try:
         if item.kind == "bundle-tmp":
@@ -133,7 +139,7 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
     lists each thing found, what was done, and what could not be undone. pids: only those
     owners' (a test cleaning up after its own run)."""
     found = [x for x in find_leftovers() if pids is None or x.pid in pids]
-    order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4}
+    order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4, "trace": 5}
     rows, problems = [], []
     for item in sorted(found, key=lambda x: (order[x.kind], x.path)):
         row = dict(item.to_dict(), description=item.describe())
@@ -142,8 +148,8 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
         elif dry_run:
             row["action"] = "would remove"
         else:
-            undo = {"swap": _remove_swap, "swap-file": _remove_swap,
-                    "cgroup": _remove_cgroup}.get(item.kind, _remove_file)
+            undo = {"swap": _remove_swap, "swap-file": _remove_swap, "cgroup": _remove_cgroup,
+                    "trace": _remove_trace}.get(item.kind, _remove_file)
             try:
                 row["problems"] = undo(item)
             except Exception as exc:  # keep removing the rest

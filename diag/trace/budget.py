@@ -163,7 +163,7 @@ class Ledger:
 
     # -- in ---------------------------------------------------------------------------------
     def _bin(self, th: _Thread, t: float) -> _Bin:
-        i = int(t // self.bin_s)
+        i = int(t / self.bin_s)
         b = th.bins.get(i)
         if b is None:
             b = th.bins[i] = _Bin()
@@ -189,7 +189,7 @@ class Ledger:
             k = CAUSES.index(label)
             a = th.last
             while a < t:
-                i = int(a // self.bin_s)
+                i = int(a / self.bin_s)
                 edge = min(t, (i + 1) * self.bin_s)
                 if edge <= a:  # a on a bin's edge, rounded down into the bin before
                     i += 1
@@ -332,7 +332,7 @@ class Ledger:
         with self._lock:
             th = self.threads.get(tid)
             bins = dict(th.bins) if th else {}
-        for i in range(int(start // self.bin_s), int(end // self.bin_s) + 1 if wall else 0):
+        for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1 if wall else 0):
             b = bins.get(i)
             if b is None:
                 continue

@@ -349,6 +349,7 @@ class Tracer:
         ncpu = os.cpu_count() or 1
         self.summary = {
             "instances": [str(i.path.name) for i in self.instances],
+            "clock": "mono", "t0_monotonic": self.t0,   # a phase's started_s + t0 is its time in the raw trace
             "events_enabled": sorted(set(e for i in self.instances for e in i.enabled)),
             "events_missing": sorted(set(e for i in self.instances for e in i.missing)),
             "buffer_kb_per_cpu": list(self.kb), "buffer_bytes": (self.kb[0] + self.kb[1]) * 1024 * ncpu,
