@@ -158,7 +158,7 @@ def _ours() -> list[str]:
 
 def _register(tmp_path, *args: str) -> dict:
     r = hostpin("repro", "register", "--trace", "--json", "--out", str(tmp_path / "runs"), "--method", "mlock",
-                "--no-calibrate", *args, timeout=180)
+                "--no-calibrate", "--ignore-leftovers", *args, timeout=180)  # the machine is shared
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -215,7 +215,9 @@ def test_file_read_budget_is_io_on_the_files_device(tmp_path):
         assert res["bound"] == "file-read"
         assert b["causes"]["io"] >= 0.8 * b["wall_s"], b["causes"]
         disk = file_device(str(path))
-        assert list(b["io"]["devices"]) == [disk] and b["io"]["bytes"] >= 0.8 * (48 << 20), b["io"]
+        # blk-throttle issues the held readahead from a kworker: the requests are the device's, over the phase
+        assert b["io"]["basis"] == "device" and disk in b["io"]["devices"], b["io"]
+        assert b["io"]["bytes"] >= 0.8 * (48 << 20) and b["io"]["request_latency"]["count"] > 0, b["io"]
     finally:
         path.unlink(missing_ok=True)
 
@@ -267,6 +269,7 @@ def test_watch_interrupted_removes_its_instances(tmp_path):
         while time.monotonic() < t_end and not any(n.startswith(mine) for n in _ours()):
             time.sleep(0.1)
         assert any(n.startswith(mine) for n in _ours())
+        time.sleep(2.0)  # into the sampling loop (an interrupt during the setup has no result to print)
         w.send_signal(signal.SIGTERM)
         out, err = w.communicate(timeout=30)
         assert w.returncode == 130, err

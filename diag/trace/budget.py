@@ -16,7 +16,10 @@ covered at all (`covered_s`).
 Time is kept in bins of BIN_S per thread, so a watch of any length costs the same memory;
 a phase's edges fall inside bins, whose share is taken pro rata (at most 2 * BIN_S of error).
 Block requests the thread issued are matched to their completion by device and sector (the
-completion fires in interrupt context, traced by a second instance filtered by device).
+completion fires in interrupt context, traced by a second instance filtered by device). Where
+the thread issued none itself (blk-throttle dispatches held bios from a kworker: a throttled
+file read), io's details are the read requests on the devices it reads from over the phase,
+whoever issued them, and say so (`io.basis` "device" instead of "thread").
 """
 from __future__ import annotations
 
@@ -156,6 +159,7 @@ class Ledger:
         self.pending: OrderedDict = OrderedDict()     # (dev, sector) -> (tid, bin, issued ts)
         self.early: OrderedDict = OrderedDict()       # completions read before their issue
         self.devices: set[str] = set()
+        self.dev_bins: dict[int, _Bin] = {}           # read requests on the traced devices, any process's
         self.xids: list[dict] = []
         self.lost = 0
         self.events = 0
@@ -210,10 +214,31 @@ class Ledger:
         with self._lock:
             self._feed(ev)
 
-    def feed_all(self, events: Iterable[Event]) -> None:
+    def feed_all(self, events: Iterable[Event], device: bool = False) -> None:
+        """device: events of the instance filtered by device, not by pid (any process's requests)."""
         with self._lock:
             for ev in events:
-                self._feed(ev)
+                if device and ev.name == "block_rq_issue":
+                    self._device_issue(ev)
+                else:
+                    self._feed(ev)
+
+    def _device_issue(self, ev: Event) -> None:
+        self.events += 1
+        if not ev.args["rwbs"].startswith("R"):
+            return
+        i = int(ev.ts / self.bin_s)
+        b = self.dev_bins.get(i)
+        if b is None:
+            b = self.dev_bins[i] = _Bin()
+        b.requests += 1
+        b.bytes += ev.args["bytes"]
+        b.devices[ev.args["dev"]] += 1
+        key = (ev.args["dev"], ev.args["sector"])
+        if key not in self.pending:  # the watched thread's own issue (the other instance) takes precedence
+            self.pending[key] = (b, ev.ts)
+            if len(self.pending) > _MAX_PENDING:
+                self.pending.popitem(last=False)
 
     def _feed(self, ev: Event) -> None:
         self.events += 1
@@ -332,6 +357,7 @@ class Ledger:
         with self._lock:
             th = self.threads.get(tid)
             bins = dict(th.bins) if th else {}
+            dev_bins = dict(self.dev_bins)
         for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1 if wall else 0):
             b = bins.get(i)
             if b is None:
@@ -352,6 +378,26 @@ class Ledger:
                 devices[d] += c * w
             rq.merge(b.rq_lat, w)
             sl.merge(b.sleep, w)
+        basis = "thread"
+        if not requests and dev_bins:
+            # none issued in the thread's own context (blk-throttle issues held bios from a kworker):
+            # the read requests on the devices it reads from, over the phase, whoever issued them
+            drq = _Dist()
+            dreq = dbytes = 0.0
+            ddev: dict[str, float] = defaultdict(float)
+            for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1 if wall else 0):
+                b = dev_bins.get(i)
+                if b is None:
+                    continue
+                lo, hi = i * self.bin_s, (i + 1) * self.bin_s
+                w = max(0.0, min(hi, end) - max(lo, start)) / self.bin_s
+                dreq += b.requests * w
+                dbytes += b.bytes * w
+                for d, c in b.devices.items():
+                    ddev[d] += c * w
+                drq.merge(b.rq_lat, w)
+            if round(dreq):
+                basis, requests, nbytes, devices, rq = "device", dreq, dbytes, ddev, drq
         covered = sum(causes)
         named = covered - causes[CAUSES.index("other")]
         out: dict[str, Any] = {
@@ -360,7 +406,7 @@ class Ledger:
             "explained": round(named / wall, 4) if wall else None,
             "events": {k: round(v) for k, v in sorted(events.items()) if round(v)},
             "dropped": dropped,
-            "io": {"requests": round(requests), "bios": round(bios), "bytes": round(nbytes),
+            "io": {"basis": basis, "requests": round(requests), "bios": round(bios), "bytes": round(nbytes),
                    "devices": {d: round(c) for d, c in sorted(devices.items(), key=lambda x: -x[1]) if round(c)},
                    "request_latency": rq.summary(), "sleep_latency": sl.summary(), "sleeps": round(io_sleeps)},
         }

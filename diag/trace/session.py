@@ -36,7 +36,9 @@ PID_EVENTS = REQUIRED + (
     "mmap_lock/mmap_lock_start_locking", "mmap_lock/mmap_lock_acquire_returned",
     "migrate/mm_migrate_pages_start", "migrate/mm_migrate_pages",
 )
-DEVICE_EVENTS = ("block/block_rq_complete",)
+# every read request on those devices too: a throttled bio (blk-throttle) is issued later by a
+# kworker, out of the pid filter's sight (a file read's readahead under --read-rate)
+DEVICE_EVENTS = ("block/block_rq_complete", "block/block_rq_issue")
 OPTIONAL_EVENTS = ("nvidia/nvidia_dev_xid",)   # only where the NVIDIA driver is loaded
 CAP_BYTES = 64 << 20          # raw trace kept in the run, per instance; beyond it only counted
 MAX_STACK_TIDS = 200          # the stack trigger's filter names at most this many threads
@@ -208,11 +210,12 @@ class Tracer:
         return " || ".join(terms)
 
     def _set_device_filter(self) -> None:
-        if len(self.instances) > 1 and self.instances[1].has("block/block_rq_complete"):
-            try:
-                self.instances[1].write("events/block/block_rq_complete/filter", self._device_filter())
-            except OSError as exc:
-                self.notes.append(f"trace: cannot filter completions by device: {exc.strerror}")
+        for e in DEVICE_EVENTS:
+            if len(self.instances) > 1 and self.instances[1].has(e):
+                try:
+                    self.instances[1].write(f"events/{e}/filter", self._device_filter())
+                except OSError as exc:
+                    self.notes.append(f"trace: cannot filter {e} by device: {exc.strerror}")
 
     def _follow(self) -> None:
         """The watched processes' threads into set_event_pid, the stack filter and the ledger."""
@@ -295,7 +298,7 @@ class Tracer:
             cut = data.rfind(b"\n") + 1
             r.tail = data[cut:]
             events = [e for line in data[:cut].decode("utf-8", "replace").splitlines() for e in r.parser.feed(line)]
-            self.ledger.feed_all(events)
+            self.ledger.feed_all(events, device=r is not self.readers[0])
             if len(chunk) < (1 << 16):
                 break
         return total
