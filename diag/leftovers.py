@@ -43,6 +43,7 @@ _PATTERNS = {
     "shm": re.compile(r"^hostpin-(\d+)-\d+$"),
     "bundle-tmp": re.compile(r"^hostpin-bundle-(\d+)-"),
     "trace": re.compile(r"^hostpin-(\d+)-\d+$"),   # a tracefs instance of --trace (diag.trace)
+    "trace-mount": re.compile(r"^hostpin-(\d+)$"),  # tracefs mounted by --trace: the mount's source
 }
 
 
@@ -125,7 +126,7 @@ class Leftover:
     def describe(self) -> str:
         what = {"swap": "active swap file", "swap-file": "swap file (not active)", "cgroup": "cgroup",
                 "shm": "/dev/shm region file", "bundle-tmp": "unpacked bundle",
-                "trace": "tracefs instance"}[self.kind]
+                "trace": "tracefs instance", "trace-mount": "tracefs mount"}[self.kind]
         extra = ""
         if self.kind == "swap" and self.detail.get("used_bytes") is not None:
             extra = f", {self.detail['used_bytes'] >> 20} MiB in use"
@@ -243,6 +244,10 @@ def _trace_instances(proc: str) -> list[Leftover]:
             names = sorted(os.listdir(base))
         except OSError:
             continue
+        owner = owner_pid(parts[0], "trace-mount")
+        if owner is not None:
+            out.append(Leftover("trace-mount", parts[1], owner, owner_alive(owner, None, proc),
+                                {"instances": [n for n in names]}))
         for name in names:
             pid = owner_pid(name, "trace")
             if pid is not None:

@@ -147,6 +147,20 @@ def _usable() -> str | None:
 
 
 live = pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
+
+
+@pytest.fixture
+def unmounted_tracefs():
+    """tracefs unmounted first where nothing is in it (so the run under test mounts it), as it was after."""
+    mounts = Path("/proc/self/mounts").read_text()
+    was = any(line.split()[1:3] == [str(TRACEFS), "tracefs"] for line in mounts.splitlines())
+    if was and not (TRACEFS / "instances").exists() or was and not os.listdir(TRACEFS / "instances"):
+        subprocess.run(["umount", str(TRACEFS)], check=False)
+    yield
+    now = any(line.split()[1:3] == [str(TRACEFS), "tracefs"] for line in
+              Path("/proc/self/mounts").read_text().splitlines())
+    if was and not now:
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=False)
 LOCK = "/tmp/hostpin-live.lock"
 
 
@@ -223,7 +237,7 @@ def test_file_read_budget_is_io_on_the_files_device(tmp_path):
 
 
 @live
-def test_watch_pid_trace_and_sigkill_then_cleanup(tmp_path):
+def test_watch_pid_trace_and_sigkill_then_cleanup(tmp_path, unmounted_tracefs):
     """watch --pid --trace of a sleeping process: the instances exist while it watches; SIGKILL of
     hostpin leaves them (nothing can run), the leftovers check names them, `repro cleanup` removes them."""
     from diag.leftovers import find_leftovers
@@ -245,7 +259,11 @@ def test_watch_pid_trace_and_sigkill_then_cleanup(tmp_path):
         r = hostpin("repro", "cleanup", "--json", timeout=60)
         assert r.returncode == 0, r.stderr
         assert [n for n in _ours() if n.startswith(mine)] == []
-        assert any("tracefs instance" in row["description"] for row in json.loads(r.stdout)["found"])
+        found = json.loads(r.stdout)["found"]
+        assert any("tracefs instance" in row["description"] for row in found)
+        # had it mounted tracefs (the mount's source names it), that mount is gone too
+        if any(row["kind"] == "trace-mount" and row["pid"] == w.pid for row in found):
+            assert f"{PREFIX}{w.pid} " not in Path("/proc/self/mounts").read_text()
     finally:
         target.kill()
         target.wait()

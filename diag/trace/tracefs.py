@@ -47,7 +47,9 @@ class Mount:
             return cls(path, False)
         if not path.is_dir():
             raise TraceFsError(f"{path} does not exist (a kernel without CONFIG_TRACING)")
-        r = subprocess.run(["mount", "-t", "tracefs", "nodev", str(path)], capture_output=True, text=True)
+        # the mount's source names its owner, so that `repro cleanup` knows a mount a killed run left
+        r = subprocess.run(["mount", "-t", "tracefs", f"{PREFIX}{os.getpid()}", str(path)], capture_output=True,
+                           text=True)
         if r.returncode != 0 or not _is_tracefs(path):
             raise TraceFsError(f"cannot mount tracefs at {path}: {(r.stderr or '').strip() or 'mount failed'}")
         return cls(path, True, True)
