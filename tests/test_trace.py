@@ -200,6 +200,12 @@ def test_swap_bound_mlock_budget_is_io(tmp_path):
     assert sorted(e["path"] for e in traces) == ["trace/devices.txt", "trace/threads.txt"]
     assert all(e["size"] == (run / e["path"]).stat().st_size for e in traces)
     assert _ours() == before
+    rep = hostpin("report", str(run), "--format", "text")
+    assert rep.returncode == 0, rep.stderr
+    table = rep.stdout.split("Time budget (--trace)", 1)[1]
+    io_row = next(line for line in table.splitlines() if line.startswith("io "))
+    assert float(io_row.split()[1]) == pytest.approx(b["causes"]["io"], abs=0.001)
+    assert "read requests" in table and "the thread's I/O sleeps" in table
 
 
 @live
