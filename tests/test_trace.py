@@ -314,3 +314,19 @@ def test_trace_without_root_is_refused_in_one_line(tmp_path):
                            text=True, timeout=60, env=dict(os.environ, HOME=str(tmp_path)))
         assert r.returncode == 4, (r.stdout, r.stderr)
         assert r.stderr.strip().count("\n") == 0 and "--trace needs root" in r.stderr, r.stderr
+
+
+def test_a_sleep_past_the_stack_quota_takes_the_last_stacks_cause_and_is_counted_apart():
+    """Hand-written (named so): the trigger takes STACKS_PER_S stacks a second; the second sleep has none."""
+    text = """\
+  pin-7 [000] d..2. 10.000000: sched_switch: prev_comm=pin prev_pid=7 prev_prio=120 prev_state=D ==> next_comm=swapper/0 next_pid=0 next_prio=120
+  pin-7 [000] d..2. 10.000001: <stack trace>
+ => io_schedule
+ => do_swap_page
+  <idle>-0 [000] d..2. 10.200000: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=pin next_pid=7 next_prio=120
+  pin-7 [000] d..2. 10.300000: sched_switch: prev_comm=pin prev_pid=7 prev_prio=120 prev_state=D ==> next_comm=swapper/0 next_pid=0 next_prio=120
+  <idle>-0 [000] d..2. 10.600000: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=pin next_pid=7 next_prio=120
+"""
+    b = budget_from_events(parse_text(text), 7, 10.0, 10.6)
+    assert b["causes"]["io"] == pytest.approx(0.5) and b["causes"]["cpu"] == pytest.approx(0.1)
+    assert b["inferred_s"] == pytest.approx(0.3) and b["events"]["stack"] == 1

@@ -126,10 +126,12 @@ class _Dist:
 
 
 class _Bin:
-    __slots__ = ("causes", "events", "requests", "bios", "bytes", "devices", "rq_lat", "sleep", "io_sleeps")
+    __slots__ = ("causes", "events", "requests", "bios", "bytes", "devices", "rq_lat", "sleep", "io_sleeps",
+                 "inferred")
 
     def __init__(self):
         self.causes = [0.0] * len(CAUSES)
+        self.inferred = 0.0           # seconds of sleeps without a stack of their own (see Ledger)
         self.events: dict[str, int] = defaultdict(int)
         self.requests = self.bios = self.bytes = 0
         self.devices: dict[str, int] = defaultdict(int)
@@ -139,7 +141,7 @@ class _Bin:
 
 
 class _Thread:
-    __slots__ = ("last", "on_cpu", "sleep_cause", "off_at", "windows", "bins")
+    __slots__ = ("last", "on_cpu", "sleep_cause", "off_at", "windows", "bins", "last_cause", "stacked")
 
     def __init__(self):
         self.last: float | None = None     # the time up to which this thread's time is accounted
@@ -148,6 +150,8 @@ class _Thread:
         self.off_at: float | None = None
         self.windows: dict[str, float] = {}
         self.bins: dict[int, _Bin] = {}
+        self.last_cause: str | None = None   # the cause its last stack named
+        self.stacked = False                 # the current sleep has a stack of its own
 
 
 class Ledger:
@@ -173,22 +177,26 @@ class Ledger:
             b = th.bins[i] = _Bin()
         return b
 
-    def _label(self, th: _Thread) -> str | None:
+    def _label(self, th: _Thread) -> tuple[str | None, bool]:
+        """The thread's cause now, and whether it is inferred (a sleep whose stack was not taken:
+        the trigger takes a limited number a second; it gets the cause of the thread's last stack)."""
         for w in _WINDOW_PRIORITY:
             if w in th.windows:
-                return w
+                return w, False
         if th.on_cpu is None:
-            return None
+            return None, False
         if th.on_cpu:
-            return "cpu"
-        return th.sleep_cause or "other"
+            return "cpu", False
+        if th.sleep_cause is None and th.off_at is not None and not th.stacked and th.last_cause:
+            return th.last_cause, True
+        return th.sleep_cause or "other", False
 
     def _advance(self, th: _Thread, t: float) -> None:
         """Account the thread's time from th.last to t under its current label."""
         if th.last is None or t <= th.last:
             th.last = t if th.last is None else th.last
             return
-        label = self._label(th)
+        label, inferred = self._label(th)
         if label is not None:
             k = CAUSES.index(label)
             a = th.last
@@ -200,6 +208,8 @@ class Ledger:
                     edge = min(t, (i + 1) * self.bin_s)
                 b = th.bins.get(i) or th.bins.setdefault(i, _Bin())
                 b.causes[k] += edge - a
+                if inferred:
+                    b.inferred += edge - a
                 a = edge
         th.last = t
 
@@ -256,6 +266,7 @@ class Ledger:
                 preempted = ev.args["state"].startswith("R")
                 th.sleep_cause = "runqueue" if preempted else None
                 th.off_at = None if preempted else ev.ts
+                th.stacked = False
                 self._bin(th, ev.ts).events["sched_switch"] += 1
             if nxt in self.threads:
                 th = self.threads[nxt]
@@ -269,6 +280,7 @@ class Ledger:
             th = self.threads.get(ev.pid)
             if th is not None and th.on_cpu is False and th.off_at is not None and th.sleep_cause is None:
                 th.sleep_cause = classify_stack(ev.args.get("frames", ())) or "other"
+                th.last_cause, th.stacked = th.sleep_cause, True
                 b = self._bin(th, th.off_at)
                 b.events["stack"] += 1
             return
@@ -279,7 +291,7 @@ class Ledger:
             b = self._bin(th, ev.ts)
             b.events["sched_wakeup"] += 1
             if th.on_cpu is False and th.off_at is not None:
-                if th.sleep_cause == "io":
+                if (th.sleep_cause or (th.last_cause if not th.stacked else None)) == "io":
                     sb = self._bin(th, th.off_at)
                     sb.sleep.add(ev.ts - th.off_at)
                     sb.io_sleeps += 1
@@ -351,7 +363,7 @@ class Ledger:
         wall = max(0.0, end - start)
         causes = [0.0] * len(CAUSES)
         events: dict[str, float] = defaultdict(float)
-        requests = bios = nbytes = io_sleeps = 0.0
+        requests = bios = nbytes = io_sleeps = inferred = 0.0
         devices: dict[str, float] = defaultdict(float)
         rq, sl = _Dist(), _Dist()
         with self._lock:
@@ -374,6 +386,7 @@ class Ledger:
             bios += b.bios * w
             nbytes += b.bytes * w
             io_sleeps += b.io_sleeps * w
+            inferred += b.inferred * w
             for d, c in b.devices.items():
                 devices[d] += c * w
             rq.merge(b.rq_lat, w)
@@ -405,6 +418,7 @@ class Ledger:
             "causes": {c: round(v, 3) for c, v in zip(CAUSES, causes)},
             "explained": round(named / wall, 4) if wall else None,
             "events": {k: round(v) for k, v in sorted(events.items()) if round(v)},
+            "inferred_s": round(inferred, 3),
             "dropped": dropped,
             "io": {"basis": basis, "requests": round(requests), "bios": round(bios), "bytes": round(nbytes),
                    "devices": {d: round(c) for d, c in sorted(devices.items(), key=lambda x: -x[1]) if round(c)},

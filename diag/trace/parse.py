@@ -57,6 +57,21 @@ def _fields(name: str, body: str) -> dict | None:
     return {"text": body.strip()[:120]} if body.strip() else {}
 
 
+def _split_head(line: str) -> tuple[str, str, str, str] | None:
+    """The common case without a regular expression (a third of the cost): tid, cpu, ts, rest."""
+    head, sep, rest = line.partition(": ")
+    lb = head.rfind(" [")
+    if not sep or lb < 0:
+        return None
+    rb = head.find("]", lb)
+    task = head[:lb].rstrip()
+    dash = task.rfind("-")
+    ts = head[rb + 1:].rsplit(None, 1)
+    if rb < 0 or dash < 0 or not ts or not task[dash + 1:].isdigit():
+        return None
+    return task[dash + 1:], head[lb + 2:rb], ts[-1], rest
+
+
 class LineParser:
     """Lines in, events out; a stack's frames become one 'stack' event when the next event begins."""
 
@@ -74,15 +89,18 @@ class LineParser:
             self._stack = None
         if not line.strip() or line.startswith("#"):
             return
-        m = _HEAD.match(line)
-        if m is None:
-            lost = _LOST.match(line)
-            if lost:
-                yield Event(0.0, int(lost.group(1)), 0, "lost", {"n": int(lost.group(2))})
-            else:
-                self.unparsed += 1
-            return
-        comm, tid, cpu, _flags, ts, rest = m.groups()
+        head = _split_head(line)
+        if head is None:
+            m = _HEAD.match(line)
+            if m is None:
+                lost = _LOST.match(line)
+                if lost:
+                    yield Event(0.0, int(lost.group(1)), 0, "lost", {"n": int(lost.group(2))})
+                else:
+                    self.unparsed += 1
+                return
+            head = (m.group(2), m.group(3), m.group(5), m.group(6))
+        tid, cpu, ts, rest = head
         if rest.startswith("<stack trace>"):
             self._stack = Event(float(ts), int(cpu), int(tid), "stack", {"frames": []})
             return
