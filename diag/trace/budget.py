@@ -187,7 +187,7 @@ class Ledger:
             return None, False
         if th.on_cpu:
             return "cpu", False
-        if th.sleep_cause is None and th.off_at is not None and not th.stacked and th.last_cause:
+        if th.sleep_cause is None and not th.stacked and th.last_cause:
             return th.last_cause, True
         return th.sleep_cause or "other", False
 
