@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ MAX_STACK_TIDS = 200          # the stack trigger's filter names at most this ma
 STACKS_PER_S = 50
 FOLLOW_EVERY_S = 1.0
 _FLUSH_EVERY_S = 0.5
+READ_EVERY_S = 0.25
 
 
 class TraceUnavailable(RuntimeError):
@@ -263,13 +263,13 @@ class Tracer:
 
     # -- reading -----------------------------------------------------------------------------
     def _read_loop(self, r: _Reader) -> None:
-        poller = select.poll()
-        poller.register(r.fd, select.POLLIN)  # type: ignore[attr-defined]
+        # read in batches every READ_EVERY_S, not on poll: trace_pipe wakes a poller at every
+        # event, which cost several times the parsing; the rings hold far more than a batch
         last_flush = last_follow = time.monotonic()
         while True:
             stopping = self._stop.is_set()
             if not stopping:
-                poller.poll(200)
+                self._stop.wait(READ_EVERY_S)
             got = self._drain(r)
             now = time.monotonic()
             if now - last_flush >= _FLUSH_EVERY_S:
