@@ -332,3 +332,15 @@ def test_a_sleep_past_the_stack_quota_takes_the_last_stacks_cause_and_is_counted
     b = budget_from_events(parse_text(text), 7, 10.0, 10.6)
     assert b["causes"]["io"] == pytest.approx(0.5) and b["causes"]["cpu"] == pytest.approx(0.1)
     assert b["inferred_s"] == pytest.approx(0.3) and b["events"]["stack"] == 1
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the root check comes first")
+def test_without_tracefs_the_watch_samples_and_says_why(tmp_path, monkeypatch):
+    """A kernel without tracing (no /sys/kernel/tracing): start_trace says so and gives no tracer."""
+    from diag.trace import session
+    from diag.watch.traced import start_trace
+    monkeypatch.setattr(session, "TRACEFS", tmp_path / "no-tracing")
+    notes: list[str] = []
+    assert start_trace(None, [os.getpid()], time.monotonic(), notes) is None
+    assert notes == [f"--trace: {tmp_path / 'no-tracing'} does not exist (a kernel without CONFIG_TRACING); "
+                     "the bound is sampled only"]
