@@ -1,6 +1,6 @@
-"""The H200's stuck file registration again, with its control (bench/gpu_final.sh runs it).
+"""The H200's stuck file registration again, with its control (bench/gpu_quickstart_smoke.sh runs it).
 
-bench/gpu_issue10.sh case B found cudaHostRegister of a 16 GiB MAP_PRIVATE file, page cache
+bench/gpu_watch_attach.sh case B found cudaHostRegister of a 16 GiB MAP_PRIVATE file, page cache
 dropped and reads throttled to 280 MB/s, spinning 200 s in the kernel (840k faults/s, nothing
 read, nothing pinned), which `hostpin watch` did not see as a pin and repro did not call a stall.
 This runs 4 GiB of the same file, page cache dropped (--read-rate 4GB/s: dropped, never binding),
@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_issue10 as g  # noqa: E402  (its helpers: HP, watch, collect, phase_line, log)
+import gpu_watch_attach as g  # noqa: E402  (its helpers: HP, watch, collect, phase_line, log)
 
 SIZE_GIB = 4
 # the first GPU run of this script (default flags were then turned into readonly for any existing
 # file) spun in both arms below at 280 MB/s and at 4 GB/s; a freshly written (warm) file
-# registered read-only in 1.2 s (bench/gpu_issue11.sh A2). Which part is the cause:
+# registered read-only in 1.2 s (bench/gpu_file_safety_leftovers.sh A2). Which part is the cause:
 ARMS = (("readonly-cold", "4GB/s", "--register-flags", "readonly"),
         ("default-cold", "4GB/s", "--register-flags", "default"))
 

@@ -7,7 +7,7 @@ lock on the CI machine: it copies gigabytes). Prints per run: the command's wall
 repeat's own time (the child process, from the manifest), the settle time the readings took,
 the peak RSS of the child (getrusage of waited-for descendants) and the peak rise of the node's
 in-use memory (MemTotal - MemAvailable without the per-CPU lists, sampled every 50 ms); then
-the medians. The GPU sides cost more (a CUDA context, cudaHostAlloc): see bench/gpu_issue8.sh.
+the medians. The GPU sides cost more (a CUDA context, cudaHostAlloc): see bench/gpu_staging_control.sh.
 """
 import argparse
 import json

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, open_dir
+from .confined import DEFAULT_LIMITS, Dir, Limits, PathRefused, open_dir, output_fd
 from .evidence import ADDED, ManifestError, load_manifest, unrecorded_files, verify_manifest
 
 __all__ = ["BundleError", "BundleMissing", "BundleOutputError", "make_bundle", "Redactor", "last_write"]
@@ -152,7 +152,8 @@ class Redactor:
                 if value not in self.node_names or len(value) < 4:
                     continue
                 before, after = r"(?<![\w/.-])", r"(?![\w/-])(?!\.\w)"
-            rx = re.compile(before + re.escape(value) + after)
+            # host names are case-insensitive (DNS): GPU-NODE-17 and Gpu-Node-17.cluster are the node too
+            rx = re.compile(before + re.escape(value) + after, re.IGNORECASE if kind == "HOST" else 0)
             text, n = rx.subn(token, text)
             if n:
                 self.counts[token] = self.counts.get(token, 0) + n
@@ -224,6 +225,9 @@ def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
     problems = verify_manifest(d, manifest)
     if problems:
         raise BundleError("the run does not match its manifest, so it cannot be vouched for: " + "; ".join(problems[:10]))
+    # verifying read every file once, under the limit; packing reads each again: the limit is on the
+    # run's size, so the second reading starts from zero (it counted every byte twice)
+    d.bytes_read = 0
     for rel, st in d.walk():
         if stat.S_ISLNK(st.st_mode):
             raise BundleError(f"refusing to bundle: {rel} is a symbolic link (a bundle never follows links)")
@@ -289,9 +293,10 @@ def _make(d: Dir, run_dir: Path, out_file, redact: bool) -> dict[str, Any]:
             if rel in on_disk:
                 contents[rel] = d.read_bytes(rel)
     out = Path(out_file) if out_file else Path(f"{name}.tar.gz")
-    _write_tar(out, name, contents)
-    return {"bundle": str(out), "files": len(contents), "bytes": out.stat().st_size, "verified": True,
-            "partial": partial, "killed_at": extra.get("killed_at"), "unrecorded": extra.get("unrecorded", []),
+    size, streamed = _write_tar(out, name, contents)
+    return {"bundle": str(out), "streamed": streamed, "files": len(contents), "bytes": size, "verified": True,
+            "partial": partial, "killed_at": extra.get("killed_at"),
+            "stopped": manifest.get("stopped") if partial and isinstance(manifest.get("stopped"), dict) else None, "unrecorded": extra.get("unrecorded", []),
             "redacted": redact, "redactions": redactor.listing() if redactor else None}
 
 
@@ -299,7 +304,9 @@ def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entri
     hosts = [manifest.get("host") or ""]
     if "root/proc/sys/kernel/hostname" in contents:
         hosts.append(contents["root/proc/sys/kernel/hostname"].decode("utf-8", "replace").strip())
-    redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h])
+    domain = contents.get("root/proc/sys/kernel/domainname", b"").decode("utf-8", "replace").strip()
+    domains = [domain] if domain and domain != "(none)" and len(domain) >= 4 else []  # the FQDN often ends in it
+    redactor = Redactor([h.split(".")[0] for h in hosts if h] + [h for h in hosts if h] + domains)
     # every file is redacted as text, whatever its encoding: bytes that are not UTF-8 decode to
     # lone surrogates (surrogateescape), which no pattern matches and which encode back to the
     # same bytes, so one bad byte no longer exempts a whole file. A picture (PNG) cannot be
@@ -342,37 +349,65 @@ def _redact(d: Dir, name: str, manifest: dict, contents: dict[str, bytes], entri
     return redactor, new_name, out, new_entries, new_manifest
 
 
-def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> None:
-    """Written next to out under a temporary name, fsynced, renamed over it (0600). Only a
-    regular file (or a link, which the rename replaces) is ever replaced: a device such as
-    /dev/full, a directory or a pipe is refused, never turned into a file."""
+class _Counted:
+    """A binary file that counts what goes through it (a pipe cannot say its size afterwards)."""
+
+    def __init__(self, fh):
+        self.fh, self.n = fh, 0
+
+    def write(self, data) -> int:
+        self.fh.write(data)
+        self.n += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _tar_into(fh, name: str, contents: dict[str, bytes]) -> int:
+    counted = _Counted(fh)
+    with tarfile.open(fileobj=counted, mode="w:gz") as tar:
+        now = int(time.time())
+        for rel, data in sorted(contents.items()):
+            info = tarfile.TarInfo(f"{name}/{rel}")
+            info.size = len(data)
+            info.mtime = now
+            info.mode = 0o600
+            tar.addfile(info, io.BytesIO(data))
+    fh.flush()
+    return counted.n
+
+
+def _write_tar(out: Path, name: str, contents: dict[str, bytes]) -> tuple[int, bool]:
+    """Written next to out under a temporary name, fsynced, renamed over it (0600), or through a
+    pipe or terminal (`-o -`, /dev/stdout). Only a regular file is ever replaced: a link, a device
+    such as /dev/full, a directory or a pipe nobody reads is refused, never turned into a file."""
     parent = out.parent if str(out.parent) else Path(".")
     try:
-        st = os.lstat(out)
-    except FileNotFoundError:
-        st = None
+        fd = output_fd(out)
+    except PathRefused as exc:
+        raise BundleOutputError(f"cannot write the bundle {out}: {exc}") from None
     except OSError as exc:
         raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
-    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-        raise BundleOutputError(f"cannot write the bundle {out}: it is not a regular file; give a file name, "
-                                "e.g. -o node17.tar.gz")
+    if fd is not None:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                return _tar_into(fh, name, contents), True
+        except OSError as exc:
+            raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None
+    if os.path.islink(out):
+        raise BundleOutputError(f"cannot write the bundle {out}: a symbolic link (to {os.readlink(out)!r}): never "
+                                "followed nor replaced; give the file itself, or remove the link")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:
         raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror} ({parent})") from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            with tarfile.open(fileobj=fh, mode="w:gz") as tar:
-                now = int(time.time())
-                for rel, data in sorted(contents.items()):
-                    info = tarfile.TarInfo(f"{name}/{rel}")
-                    info.size = len(data)
-                    info.mtime = now
-                    info.mode = 0o600
-                    tar.addfile(info, io.BytesIO(data))
-            fh.flush()
+            size = _tar_into(fh, name, contents)
             os.fsync(fh.fileno())
         os.replace(tmp, out)
+        return size, False
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise BundleOutputError(f"cannot write the bundle {out}: {exc.strerror}") from None

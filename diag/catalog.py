@@ -35,7 +35,7 @@ __all__ = ["Entry", "Facts", "ENTRIES", "BOUNDS", "entry", "for_bound", "for_che
 # The driver's own memory per pinned page, both methods: VmallocUsed rose 48.2 MiB for a touched
 # 4 GiB cudaHostAlloc and 192.6 MiB for a 16 GiB cudaHostRegister (1,048,576 and 4,194,304
 # pages: 48.2 and 48.1 B per page) on the H200 (open 580.159.04, kernel 6.18), each in a fresh
-# process, against the process's own baseline; bench/gpu_issue9.sh re-measures it with a
+# process, against the process's own baseline; bench/gpu_pin_accounting.sh re-measures it with a
 # control arm. Part of it is the page table nvos_create_alloc() kvzallocs since 580.65.06
 # (struct nvidia_pte_t: 16 B per page), part the os_lock_user_pages array (8 B per page).
 # Scaled to the node's page size: it is per page, whatever the page's size.
@@ -126,6 +126,8 @@ class Facts:
     hung_task_panic: bool = False
     gpu_cotenants: int = 0
     pins_outstanding_bytes: int | None = None
+    allocator: str = "cuda"               # torch: the plan pins through PyTorch's caching host allocator
+    torch_rounding_bytes: int | None = None  # what PyTorch pins beyond the request, per rank (diag.torchalloc)
     iommu_translated: bool | None = None
     remote_numa: bool | None = None
     pageable_access: int | None = None
@@ -366,6 +368,21 @@ ENTRIES: tuple[Entry, ...] = (
           "bench/gpu_watch_stuck.py); a hypothesis about this kernel and driver until measured elsewhere",
           lambda f: bool(f.uses_gpu and f.method == "register" and f.source == "file" and f.map == "private"
                          and f.readonly)),
+    Entry(18, "allocator rounding",
+          "a plan pinned through PyTorch (--allocator torch) whose request is not a power of two: PyTorch's caching "
+          "host allocator asks the driver for the next power of two (from 1.11), up to twice the request, and keeps "
+          "a freed block pinned in its cache", "headroom",
+          "RssShmem (cudaHostAlloc) or RssAnon and pins outstanding (pinned_use_cuda_host_register) grow past the "
+          "request; memory.events oom_kill for a plan the raw size fits", ("cudaErrorMemoryAllocation",), (), (),
+          "plan with --allocator torch; ask for a power of two, or pin the exact size outside the cache "
+          "(cudaHostAlloc, or mmap + torch.cuda.cudart().cudaHostRegister), or from PyTorch 2.13 "
+          "pinned_max_round_threshold_mb below the size; torch._C._host_emptyCache() returns freed blocks",
+          "aten/src/ATen/core/CachingHostAllocator.h CachingHostAllocatorImpl::allocate (c10::llvm::PowerOf2Ceil), "
+          "aten/src/ATen/cuda/CachingHostAllocator.cpp allocate_host_memory / allocWithCudaHostRegister, "
+          "c10/cuda/CUDAAllocatorConfig.cpp (the rules by version: diag/torchalloc.py plan_request); measured on the "
+          "H200 (torch 2.11): torch.empty(47 GiB, pin_memory=True) grew RssShmem by 63.1 GiB, two 47.2 GiB ranks "
+          "OOM-killed in a 110 GiB cgroup; pytorch#95823, #150517",
+          lambda f: bool(f.allocator == "torch" and (f.torch_rounding_bytes or 0) > 0)),
 )
 
 _BY_ID = {e.id: e for e in ENTRIES}

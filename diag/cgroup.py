@@ -5,7 +5,9 @@ Reads /proc/PID/cgroup (this process by default, `--pid`) or takes a cgroup give
 (`--cgroup`), finds its directory through this process's /proc/self/mountinfo, then walks
 from it up to the hierarchy's root reading each level with its own usage, because the
 tightest ancestor binds. Headroom at a level is what the kernel can still give before it
-must reclaim anonymous memory or OOM-kill: limit - (usage - inactive file), on v1 and v2.
+must swap or OOM-kill: limit - (usage - page cache on the file LRU lists, active and inactive
+alike), on v1 and v2; the dirty part of that cache is written back first. v2's `file` counts
+shmem (where cudaHostAlloc pages are charged) and is not used.
 On v1 the leaf's memory.stat also prints hierarchical_memory_limit, the lowest limit above
 it: when the walk cannot see that ancestor (a container that mounts only its own subtree),
 that limit still binds and is reported with the leaf's usage.
@@ -21,7 +23,7 @@ from pathlib import PurePosixPath
 from .parsing import ParsedDict, ParsedList, to_int
 from .rootfs import Root
 
-__all__ = ["CgroupMemory", "CgroupLevel", "CgroupError", "CgroupDamaged", "parse_proc_cgroup", "parse_mountinfo", "parse_kv",
+__all__ = ["CgroupMemory", "CgroupLevel", "CgroupError", "CgroupDamaged", "CgroupUnseen", "parse_proc_cgroup", "parse_mountinfo", "parse_kv",
            "read_cgroup_memory", "V1_UNLIMITED"]
 
 V1_UNLIMITED = 1 << 62  # v1 prints PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on 4 KiB pages) for no limit
@@ -35,6 +37,11 @@ class CgroupDamaged(ValueError):
     """The files that say which cgroup the process is in cannot be parsed, or contradict each other."""
 
 
+class CgroupUnseen(ValueError):
+    """The process's cgroup is outside the root of the mount that shows its hierarchy: it exists,
+    but no file of it can be read here (its limits are not known, not absent)."""
+
+
 @dataclass
 class CgroupLevel:
     dir: str                               # relative to the root, e.g. sys/fs/cgroup/kubepods/pod1
@@ -46,13 +53,51 @@ class CgroupLevel:
     swap_usage_bytes: int | None = None    # v2 memory.swap.current; v1 memsw.usage - usage
     inferred: str | None = None            # how a level not read directly was derived
     bad: list[str] = field(default_factory=list)
+    # memory.stat, the leaf and everything below it (v1: the total_* lines, as usage is hierarchical)
+    active_file_bytes: int | None = None   # active_file: file pages on the LRU (not shmem: v2 'file' counts it)
+    dirty_bytes: int | None = None         # file_dirty (v1 total_dirty)
+    writeback_bytes: int | None = None     # file_writeback (v1 total_writeback)
+    anon_bytes: int | None = None          # anon (v1 total_rss)
+    shmem_bytes: int | None = None         # shmem (v1 total_shmem): cudaHostAlloc pages are charged here
+    unevictable_bytes: int | None = None   # unevictable (v1 total_unevictable): mlocked, never reclaimed
+    swappiness: int | None = None          # v1 memory.swappiness (0: the cgroup's own reclaim never swaps)
+
+    @property
+    def file_lru_bytes(self) -> int:
+        """Page cache on the file LRU lists, active and inactive alike: reclaim drops either."""
+        return (self.active_file_bytes or 0) + (self.inactive_file_bytes or 0)
+
+    @property
+    def dirty_cache_bytes(self) -> int:
+        """Page cache that must be written before it can be dropped (dirty and under writeback)."""
+        return min(self.file_lru_bytes, (self.dirty_bytes or 0) + (self.writeback_bytes or 0))
+
+    @property
+    def clean_cache_bytes(self) -> int:
+        """Page cache reclaim can drop at once."""
+        return self.file_lru_bytes - self.dirty_cache_bytes
+
+    @property
+    def swappable_bytes(self) -> int:
+        """Anonymous and shmem pages reclaim could push to swap (mlocked ones never)."""
+        return max(0, (self.anon_bytes or 0) + (self.shmem_bytes or 0) - (self.unevictable_bytes or 0))
 
     @property
     def working_set_bytes(self) -> int | None:
-        """Usage that reclaim cannot simply drop: usage minus inactive file cache."""
+        """Usage that reclaim cannot drop without swap: usage less the page cache on the file LRU
+        lists, clean (dropped at once) and dirty (written back first). Measured: a cgroup full of
+        page cache read twice (all on the active list) takes a pin of its size less that cache
+        on v1 and v2 (tests/test_cgroup_reclaim_live.py, bench/gpu_cgroup_pagecache_headroom.sh)."""
         if self.usage_bytes is None:
             return None
-        return max(0, self.usage_bytes - (self.inactive_file_bytes or 0))
+        return max(0, self.usage_bytes - self.file_lru_bytes)
+
+    @property
+    def free_bytes(self) -> int | None:
+        """What the limit gives before reclaim starts."""
+        if self.limit_bytes is None or self.usage_bytes is None:
+            return None
+        return max(0, self.limit_bytes - self.usage_bytes)
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -112,13 +157,15 @@ class CgroupMemory:
 
     @property
     def can_swap(self) -> bool | None:
-        """Whether the leaf's pages may go to swap at all (v2 memory.swap.max 0, or v1 memsw equal
-        to the memory limit, forbid it). None when unknown."""
+        """Whether the leaf's pages may go to swap at all (v2 memory.swap.max 0, v1 memsw equal to
+        the memory limit, or v1 memory.swappiness 0, forbid it). None when unknown."""
         leaf = self.levels[0] if self.levels else None
         if leaf is None:
             return None
         if self.version == 2:
             return leaf.swap_limit_bytes != 0
+        if leaf.swappiness == 0:  # mm/vmscan.c get_scan_count: cgroup reclaim with swappiness 0 scans file only
+            return False
         if leaf.swap_limit_bytes is None:
             return True
         return leaf.limit_bytes is None or leaf.swap_limit_bytes > leaf.limit_bytes
@@ -140,15 +187,24 @@ def parse_proc_cgroup(text: str) -> ParsedList:
 
 
 def parse_mountinfo(text: str) -> ParsedList:
+    """Mounts as proc(5) prints them: six fields (mount id, parent id, major:minor, root, mount
+    point, mount options), optional fields, ' - ', then fstype, source and the super options,
+    which run to the end of the line (a 9p mount prints them with spaces unescaped; automemlimit's
+    cgroups_test.go cases, tests/fixtures/automemlimit-mountinfo). A line with fewer than six
+    fields before the separator is damage.
+
+    >>> parse_mountinfo("25 1 0:22 / /dev rw - devtmpfs udev rw\\n36 35 98:0 /a /b - ext3 /dev/root rw\\n")
+    [{'root': '/', 'mount_point': '/dev', 'fstype': 'devtmpfs', 'super_options': 'rw'}]
+    """
     out = ParsedList()
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
-        lf, rf = left.split(), right.split()
-        if not sep or len(lf) < 5 or len(rf) < 3:
+        lf, rf = left.split(), right.split(None, 2)
+        if not sep or len(lf) < 6 or len(rf) < 3:
             if line.strip():
                 out.bad.append(line.strip()[:80])
             continue
-        out.append({"root": lf[3], "mount_point": lf[4], "fstype": rf[0], "super_options": rf[2]})
+        out.append({"root": lf[3], "mount_point": lf[4], "fstype": rf[0], "super_options": rf[2].rstrip()})
     return out
 
 
@@ -168,9 +224,20 @@ def parse_kv(text: str | None) -> ParsedDict:
 
 
 def _dir_for(mount: dict[str, str], cg_path: str) -> str:
+    """The directory of cgroup cg_path under the mount; CgroupUnseen when the mount's root does not
+    hold it (automemlimit's resolveCgroupPath case 'invalid cgroup path outside root',
+    tests/fixtures/automemlimit-cgroup-outside-root): joining it under the mount point would read
+    some other cgroup's files, or none, and judge against MemAvailable while the real limit binds.
+
+    >>> _dir_for({"root": "/container0", "mount_point": "/fake/mount"}, "/container0/group1")
+    'fake/mount/group1'
+    """
     rel = PurePosixPath(cg_path)
     mroot = PurePosixPath(mount["root"])
-    if mroot != PurePosixPath("/") and (rel == mroot or mroot in rel.parents):
+    if mroot != PurePosixPath("/"):
+        if not (rel == mroot or mroot in rel.parents):
+            raise CgroupUnseen(f"{cg_path} is not under the root {mroot} of the cgroup mount at {mount['mount_point']}: "
+                               "its limits cannot be read from here")
         rel = PurePosixPath("/") / rel.relative_to(mroot)
     return str(PurePosixPath(mount["mount_point"].lstrip("/")) / str(rel).lstrip("/")).rstrip("/")
 
@@ -211,15 +278,24 @@ class _LevelReader:
             usage = self.value(d, "memory.usage_in_bytes", decisive=True)
             memsw_usage = self.value(d, "memory.memsw.usage_in_bytes") if self.root.exists(
                 f"{d}/memory.memsw.usage_in_bytes") else None
+            def total(name: str) -> int | None:  # usage is hierarchical: so are the total_* lines
+                return stat.get(f"total_{name}", stat.get(name))
+
             return CgroupLevel(
                 dir=d, limit_bytes=self.value(d, "memory.limit_in_bytes", decisive=True), usage_bytes=usage,
-                inactive_file_bytes=stat.get("total_inactive_file", stat.get("inactive_file")),
+                inactive_file_bytes=total("inactive_file"), active_file_bytes=total("active_file"),
+                dirty_bytes=total("dirty"), writeback_bytes=total("writeback"), anon_bytes=total("rss"),
+                shmem_bytes=total("shmem"), unevictable_bytes=total("unevictable"),
+                swappiness=self.value(d, "memory.swappiness") if self.root.exists(f"{d}/memory.swappiness") else None,
                 swap_limit_bytes=self.value(d, "memory.memsw.limit_in_bytes") if self.root.exists(
                     f"{d}/memory.memsw.limit_in_bytes") else None,
                 swap_usage_bytes=(memsw_usage - usage) if memsw_usage is not None and usage is not None else None)
         return CgroupLevel(
             dir=d, limit_bytes=self.value(d, "memory.max", decisive=True), high_bytes=self.value(d, "memory.high"),
             usage_bytes=self.value(d, "memory.current", decisive=True), inactive_file_bytes=stat.get("inactive_file"),
+            active_file_bytes=stat.get("active_file"), dirty_bytes=stat.get("file_dirty"),
+            writeback_bytes=stat.get("file_writeback"), anon_bytes=stat.get("anon"), shmem_bytes=stat.get("shmem"),
+            unevictable_bytes=stat.get("unevictable"),
             swap_limit_bytes=self.value(d, "memory.swap.max") if self.root.exists(f"{d}/memory.swap.max") else None,
             swap_usage_bytes=self.value(d, "memory.swap.current") if self.root.exists(
                 f"{d}/memory.swap.current") else None)
@@ -287,6 +363,8 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
                 return None
             cg_path = v2[2]
         if mount is None:
+            if mounts.bad:  # the mount may be the line that could not be read
+                raise CgroupDamaged(f"{root.display('proc/self/mountinfo')}: unreadable line {mounts.bad[0]!r}")
             if not root.live:  # a capture names the process's cgroup but not where it is mounted
                 raise CgroupDamaged(f"{root.display('proc/self/mountinfo')}: no {'cgroup memory' if version == 1 else 'cgroup2'} "
                                     f"mount for {cg_path} (from {root.display(f'proc/{pid}/cgroup')})")
@@ -294,7 +372,12 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
         if cg_path.startswith("/..") and pid != "self":
             raise CgroupError(f"the cgroup of pid {pid} ({cg_path}) is outside this process's cgroup namespace; "
                               "run preflight in the host's cgroup namespace, or give --cgroup PATH")
-        d = _dir_for(mount, cg_path)
+        try:
+            d = _dir_for(mount, cg_path)
+        except CgroupUnseen as exc:
+            if pid != "self":
+                raise CgroupError(f"the cgroup of pid {pid}: {exc}; give --cgroup PATH") from None
+            raise
         source = "self" if pid == "self" else f"pid {pid}"
     result = CgroupMemory(version=version, path=cg_path, dir=d, source=source)
     reader = _LevelReader(root, version, result)
@@ -326,7 +409,10 @@ def read_cgroup_memory(root: Root, pid: str | int = "self", cgroup_path: str | N
                 leaf = result.levels[0]
                 result.levels.append(CgroupLevel(
                     dir=f"an ancestor of {d}", limit_bytes=hier, usage_bytes=leaf.usage_bytes,
-                    inactive_file_bytes=leaf.inactive_file_bytes,
+                    inactive_file_bytes=leaf.inactive_file_bytes, active_file_bytes=leaf.active_file_bytes,
+                    dirty_bytes=leaf.dirty_bytes, writeback_bytes=leaf.writeback_bytes, anon_bytes=leaf.anon_bytes,
+                    shmem_bytes=leaf.shmem_bytes, unevictable_bytes=leaf.unevictable_bytes,
+                    swappiness=leaf.swappiness,
                     inferred="hierarchical_memory_limit in the leaf's memory.stat; that ancestor's own usage "
                              "is not visible here, so the leaf's is used (the ancestor's is at least as large)"))
     if version == 2:

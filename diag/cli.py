@@ -22,18 +22,13 @@ from pathlib import Path
 import click
 
 from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
-from .units import SIZE_EXAMPLE, SizeError, parse_rate, parse_size
+from .cliopts import (MAX_CUDA_TIMEOUT_S, MAX_RANKS, MAX_SAMPLE_S, RANKS, RATE, SIZE, FiniteRange, InputError,
+                      evidence_exit, json_option, open_run, out_option, unwritten_exit)
+from .units import SIZE_EXAMPLE, SizeError, parse_size
+from .watch.cli import watch as _watch
 
-__all__ = ["cli", "SIZE", "RATE", "RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
+__all__ = ["cli", "SIZE", "RATE", "RANKS", "MAX_RANKS", "FiniteRange", "out_option", "json_option", "open_run", "InputError",
            "evaluating", "unexpected", "json_errors"]
-
-
-class InputError(click.ClickException):
-    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
-    exit_code = EXIT_UNEVALUATED
-
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
 
 
 def unexpected(exc: BaseException, head: str) -> str:
@@ -76,54 +71,6 @@ def json_errors(command: str):
     return deco
 
 
-class SizeType(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RateType(click.ParamType):
-    name = "RATE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_rate(value)
-        except SizeError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class RanksType(click.ParamType):
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        try:
-            n = int(value)
-        except (TypeError, ValueError):
-            n = None
-        if n is None or n < 1:
-            self.fail(f"{value!r} is not a rank count; use a whole number >= 1, e.g. --ranks 2", param, ctx)
-        return n
-
-
-class FiniteRange(click.FloatRange):
-    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if rv != rv or rv in (float("inf"), float("-inf")):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return rv
-
-
-SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
 FLEET_AFTER = 6  # compare: more runs than this read as a fleet summary, not one column per run
 
 
@@ -142,11 +89,6 @@ def _margin(ctx, param, value):
     return text
 
 
-def out_option(f):
-    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
-
-
 def limits_options(f):
     f = click.option("--max-files", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Most files a bundle may hold or a run may list (default 20000).")(f)
@@ -158,29 +100,6 @@ def limits_options(f):
 def _limits(max_size: int | None, max_files: int | None):
     from .confined import Limits
     return Limits.for_total(max_size, max_files)
-
-
-def json_option(f):
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print the result as JSON on stdout (also when it fails).")(f)
-
-
-def open_run(out: Path | None, command: str, durable: bool = False):
-    from .evidence import RunDir, new_run_dir
-    if out is not None and os.path.exists(out) and not os.path.isdir(out):
-        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
-                         "choose another with --out")
-    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
-        path = new_run_dir(out, command)
-        try:
-            return RunDir(path, command, sys.argv, durable=durable)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
-                             "choose another with --out") from None
-    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
-                     "choose another with --out")
 
 
 def _gate_format(argv: list[str]) -> str | None:
@@ -287,6 +206,43 @@ def cli():
     """
 
 
+def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
+    """(the PyTorch request as a dict, the method and source it implies) for --allocator torch; torch is
+    never imported. A setting PyTorch would refuse is a bad command line (exit 2)."""
+    from click.core import ParameterSource
+    from . import torchalloc
+    if torch_version is not None:
+        if torchalloc.parse_version(torch_version) is None:
+            raise click.BadParameter(f"{torch_version!r} is not a PyTorch version; use e.g. 2.11.0",
+                                     param_hint="'--torch-version'")
+        version, version_source = torch_version, "--torch-version"
+    else:
+        version = torchalloc.installed_version()
+        version_source = ("the torch distribution installed beside hostpin" if version else
+                          "no torch distribution beside hostpin, no --torch-version")
+    if alloc_conf is not None:
+        confs, conf_source, hint = {"--alloc-conf": alloc_conf}, "--alloc-conf", "'--alloc-conf'"
+    else:
+        confs = torchalloc.conf_from_env(os.environ)
+        conf_source, hint = ("hostpin's environment" if confs else "none set (hostpin's environment has "
+                             "neither PYTORCH_CUDA_ALLOC_CONF nor PYTORCH_ALLOC_CONF)"), "PYTORCH_CUDA_ALLOC_CONF"
+    try:
+        req = torchalloc.plan_request(size or 0, chunk, version=version, version_source=version_source,
+                                      confs=confs, conf_source=conf_source)
+    except ValueError as exc:
+        raise click.BadParameter(f"PyTorch would refuse these settings: {exc}", param_hint=hint) from None
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("method") in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT) \
+            and method != req.method:
+        raise click.BadParameter(f"with --allocator torch PyTorch decides the method: {req.method} here "
+                                 "(pinned_use_cuda_host_register:True gives register, else hostalloc)",
+                                 param_hint="'--method'")
+    if ctx.get_parameter_source("source") == ParameterSource.COMMANDLINE and source != "anon":
+        raise click.BadParameter("with --allocator torch the region is PyTorch's own (anonymous or driver "
+                                 "memory)", param_hint="'--source'")
+    return (req.to_dict() if size else None), req.method, "anon"
+
+
 @cli.command()
 @click.option("--size", type=SIZE, default=None,
               help=f"Bytes each rank will pin ({SIZE_EXAMPLE}). Without it: node state only.")
@@ -314,10 +270,10 @@ def cli():
 @click.option("--no-cuda/--cuda", "no_cuda", default=False,
               help="Do not start the CUDA probe (device checks are skipped); --cuda: start it, whatever the "
                    "site file says.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True,
-              help="Seconds before a hung CUDA probe is killed.")
-@click.option("--sample", type=FiniteRange(min=0), default=1.0, show_default=True,
-              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample).")
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
+@click.option("--sample", type=FiniteRange(min=0, max=MAX_SAMPLE_S), default=1.0, show_default=True,
+              help="Seconds to sample the swap-in demand when swap is in use (0: do not sample; at most 60).")
 @click.option("--swap-in-rate", "swap_rate", type=RATE, default=None,
               help="What this node's swap device delivers to a pin, if you measured it (e.g. 40MB/s, "
                    "12000pages/s); default: a figure per kind of device (see the README).")
@@ -337,6 +293,16 @@ def cli():
                    "run unevaluated (exit 3); --no-strict: not, whatever the site file says.")
 @click.option("--prometheus", "prometheus", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in node_exporter's textfile format to this file (atomically).")
+@click.option("--allocator", type=click.Choice(["cuda", "torch"]), default="cuda", show_default=True,
+              help="Who asks the driver to pin: the launcher itself (cuda), or PyTorch's caching host allocator "
+                   "(torch: torch.empty(..., pin_memory=True), Tensor.pin_memory()), which rounds each request up "
+                   "to a power of two; the plan then uses what PyTorch asks for (catalog 18).")
+@click.option("--torch-version", "torch_version", default=None, metavar="VERSION", callback=_not_empty,
+              help="With --allocator torch: the launcher's PyTorch version (default: the torch distribution "
+                   "installed beside hostpin, read from its metadata; torch is never imported).")
+@click.option("--alloc-conf", "alloc_conf", default=None, metavar="SETTINGS",
+              help="With --allocator torch: the launcher's PYTORCH_CUDA_ALLOC_CONF (default: "
+                   "PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF of hostpin's own environment).")
 @click.option("--format", "fmt", type=click.Choice(["table", "line", "npd"]), default="table", show_default=True,
               help="line: one short line starting 'hostpin: ' (a Slurm drain reason); npd: the same line with "
                    "node-problem-detector's exit codes (0 ok, 1 problem, 2 unknown).")
@@ -346,8 +312,8 @@ def cli():
 @_gate_errors
 @json_errors("preflight")
 def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, reserve, root, no_cuda,
-              cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, as_json, out,
-              fmt, max_size, max_files):
+              cuda_timeout, sample, swap_rate, pid, cgroup_path, table_file, skip, strict, prometheus, allocator,
+              torch_version, alloc_conf, as_json, out, fmt, max_size, max_files):
     """Say whether this node can pin the plan now, with the reason and the remedy.
 
     Exit code 0: nothing failed (warnings allowed); 1: a check failed (or a warning with
@@ -360,10 +326,16 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
 
     if as_json and fmt != "table":
         raise click.UsageError("give --json or --format, not both")
-    from .checks import Plan, all_checks
+    probe = None
+    if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
+        from .cuda import ProbeRun
+        probe = ProbeRun(cuda_timeout)
+        click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
+    from .checks import Plan
+    from .checks.suite import all_checks
     from .preflight import run_preflight
-    from .render import render_preflight
-    from .results import write_result
+    from .confined import PathRefused
+    from .results import result_dict, write_result
 
     known = {c.id for c in all_checks()}
     if "none" in skip:  # clears what came before it (the site file's list, or earlier --skip)
@@ -383,6 +355,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if prometheus is not None and not (prometheus.parent if str(prometheus.parent) else Path(".")).is_dir():
         raise InputError(f"cannot write {prometheus}: its directory {prometheus.parent} does not exist "
                          "(give node_exporter's textfile directory; none is created)")
+    torch_plan = None
+    if allocator == "torch":
+        torch_plan, method, source = _torch_plan(size, chunk, method, source, torch_version, alloc_conf)
+    elif torch_version is not None or alloc_conf is not None:
+        raise click.BadParameter("--torch-version and --alloc-conf go with --allocator torch",
+                                 param_hint="'--torch-version'" if torch_version is not None else "'--alloc-conf'")
     opened = None
     if root is not None:
         if not os.path.lexists(root):
@@ -403,15 +381,17 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                                      param_hint="'--root'")
     try:
         plan = Plan(size_bytes=size, ranks=ranks, method=method, thp=thp, source=source, map=map_,
-                    readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file)
-        run = open_run(out, "preflight")
+                    readonly=readonly, chunk_bytes=chunk, margin=margin, reserve_bytes=reserve or 0, file=table_file,
+                    allocator=allocator, torch=torch_plan)
+        # the verdict never depends on whether its evidence can be kept: judged all the same
+        run = open_run(out, "preflight", keep_going=True)
         cuda = "off" if no_cuda else ("captured" if root is not None else "probe")
         with evaluating(str(root) if root is not None else "this node"):
             try:
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate)
+                                       swap_rate=swap_rate, probe=probe)
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})
@@ -419,41 +399,47 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     finally:
         if opened is not None:
             opened.close()
-    result.run_dir = str(run.path)
+    result.run_dir = str(run.path) if run.made else None
     prom_error = None
     if prometheus is not None:
-        import stat as _stat
         import time as _time
         from .prometheus import write_textfile
         try:
-            st = os.lstat(prometheus) if os.path.lexists(prometheus) else None
-            if st is not None and not (_stat.S_ISREG(st.st_mode) or _stat.S_ISLNK(st.st_mode)):
-                raise OSError(0, "not a regular file (it is replaced by a rename, so only a file is written)")
             result.prometheus = str(write_textfile(result, prometheus, _time.time()))
-        except OSError as exc:
-            prom_error = f"cannot write {prometheus}: {exc.strerror or exc}"
+        except (OSError, PathRefused) as exc:
+            prom_error = f"cannot write {prometheus}: {getattr(exc, 'strerror', None) or exc}"
             result.errors.append(f"prometheus: {prom_error}")
-            result.status, result.exit_code = "error", EXIT_UNEVALUATED
-            result.verdict += f"; and the Prometheus file could not be written ({prometheus}: {exc.strerror or exc})"
+            result.verdict += f"; and the Prometheus file could not be written ({prom_error})"
     from .config import record_config
     record_config(run, result)
     data = write_result(run, result)
+    lost = run.lost
+    if lost:
+        lost = f"the evidence could not be kept ({lost})"
+        result.errors.append(f"evidence: {lost}")
+        result.verdict += f"; {lost}"
+    if lost or prom_error:  # judged first: a failed plan stays 1, a pass whose output was not written is 3
+        result.exit_code = unwritten_exit(result.exit_code)
+        data = result_dict(result)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
     elif fmt != "table":
         global _ANSWERED
-        from .gate import npd_exit_code, short_line, unevaluated_line
-        # the cause first: what could not be written, not the verdict it was appended to
-        click.echo(unevaluated_line(prom_error) if prom_error else short_line(data))
+        from .gate import npd_exit_code, short_line
+        # the verdict, decided first; what could not be written goes to stderr below
+        click.echo(short_line(data))
         # the answer is given: a Ctrl-C from now on must not turn it into "interrupted" (HostpinGroup.main)
         _ANSWERED = npd_exit_code(data) if fmt == "npd" else result.exit_code
-        if data.get("status") not in ("pass", "warn", "fail") or prom_error:
-            click.echo(f"hostpin: error: {prom_error or data.get('verdict')}", err=True)  # the whole message
+        if data.get("status") not in ("pass", "warn", "fail"):
+            click.echo(f"hostpin: error: {data.get('verdict')}", err=True)  # the whole message
+        for why in filter(None, (prom_error, lost)):
+            click.echo(f"hostpin: error: {why}", err=True)
         return npd_exit_code(data) if fmt == "npd" else result.exit_code
     else:
+        from .render import render_preflight  # tabulate: the table alone needs it, not --json or the gate line
         click.echo(render_preflight(data))
-    if prom_error:
-        click.echo(f"hostpin: error: {prom_error}", err=True)
+    for why in filter(None, (prom_error, lost)):
+        click.echo(f"hostpin: error: {why}", err=True)
     return result.exit_code
 
 
@@ -462,7 +448,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
               help="Copy a tree from this directory instead of the live machine.")
 @click.option("--no-cuda", is_flag=True, help="Do not run the CUDA probe.")
 @click.option("--no-commands", is_flag=True, help="Do not run nvidia-smi, dmesg and uname.")
-@click.option("--cuda-timeout", type=FiniteRange(min=0.5), default=15.0, show_default=True)
+@click.option("--cuda-timeout", type=FiniteRange(min=0.5, max=MAX_CUDA_TIMEOUT_S), default=15.0, show_default=True,
+              help="Seconds before a hung CUDA probe is killed (at most 3600).")
 @json_option
 @out_option
 @json_errors("snapshot")
@@ -488,18 +475,22 @@ def snapshot(root, no_cuda, no_commands, cuda_timeout, as_json, out):
                    f"(reasons in manifest.json); CUDA: {cuda['status'] + ': ' + (cuda['message'] or '') if cuda else 'not probed'}")
         click.echo(f"evidence: {result['run_dir']}")
         click.echo(f"read it back: hostpin preflight --root {result['run_dir']}")
-    return EXIT_OK if result["files"] else EXIT_UNEVALUATED
+    return evidence_exit(run, EXIT_OK if result["files"] else EXIT_UNEVALUATED)
 
 
 def _open(path: str, limits=None):
     from .confined import DEFAULT_LIMITS
-    from .runs import RunError, RunMissing, open_run_path
+    from .runs import OutOfResources, RunError, RunMissing, open_run_path
     if not str(path).strip():  # '' is not the current directory
         raise click.BadParameter("an empty name is not a run; give a run directory or a bundle", param_hint="RUN")
     try:
         return open_run_path(path, limits or DEFAULT_LIMITS)
     except RunMissing as exc:
         raise click.BadParameter(str(exc), param_hint="RUN") from None
+    except OutOfResources as exc:
+        error = InputError(str(exc))
+        error.ours = True  # hostpin's own limits (ulimit -n, TMPDIR's space), not the run's damage
+        raise error from None
     except RunError as exc:
         raise InputError(str(exc)) from None
 
@@ -510,6 +501,18 @@ def _owns(path: Path) -> bool:
     except OSError:
         return False
     return st.st_uid == os.geteuid() and os.access(path, os.W_OK)
+
+
+def _streamed(output: Path) -> bool:
+    """Whether -o is written through (stdout, a pipe, a terminal): nothing is put beside it."""
+    return str(output) == "-" or (os.path.lexists(output) and not os.path.isfile(output))
+
+
+def _inside(output: Path, run_path: Path) -> bool:
+    """Whether the file -o names would land inside the run directory (through links, .. or not)."""
+    parent = os.path.realpath(output.parent if str(output.parent) else ".")
+    top = os.path.realpath(run_path)
+    return parent == top or parent.startswith(top.rstrip("/") + "/")
 
 
 def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
@@ -584,6 +587,10 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
 
     run = _open(run_path, _limits(max_size, max_files))
     try:
+        if output is not None and not run.from_bundle and _inside(output, run.path):
+            raise click.BadParameter(f"{output} is inside the run being read ({run_path}), whose files are its "
+                                     "evidence; write the report elsewhere (a run of yours keeps report.md anyway)",
+                                     param_hint="'-o'")
         keep_in_run = not run.from_bundle and _owns(run.path)
         picture = None
         with evaluating(run_path):
@@ -599,7 +606,7 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                         picture = add_after_run(run.path, "timeline.png", png, "picture")
                     except (OSError, ValueError) as exc:
                         click.echo(f"hostpin: note: timeline.png not kept in the run: {exc}", err=True)
-                elif png and output:
+                elif png and output and not _streamed(output):
                     try:
                         picture = _write_beside(output, "timeline.png", png).name
                     except OSError as exc:
@@ -610,9 +617,9 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
             budget_picture = _budget_picture(run, keep_in_run) if not no_picture else None
             text = render_report(run, fmt=fmt, picture=picture, budget_picture=budget_picture)
         if output:
-            from .confined import PathRefused, replace_output
-            try:  # a new file renamed over -o: a link there is replaced, a pipe or device refused
-                replace_output(output, text.encode())
+            from .confined import PathRefused, write_output
+            try:  # a new file renamed over -o, or through a pipe or terminal (-, /dev/stdout); a link never replaced
+                write_output(output, text.encode())
             except PathRefused as exc:
                 raise InputError(f"cannot write the report to {output}: {exc}") from None
             except OSError as exc:
@@ -659,16 +666,21 @@ def bundle(run_dir, output, redact, as_json, max_size, max_files):
             raise click.BadParameter(str(exc), param_hint="RUN_DIR") from None
         except BundleError as exc:
             raise InputError(str(exc)) from None
+    streamed = result["streamed"]  # the bundle went to stdout or a pipe: what is said about it goes to stderr
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(result, indent=2), err=streamed)
     else:
-        partial = (f"; PARTIAL run (killed at {result['killed_at']}): "
+        stopped = result.get("stopped")
+        ended = (f"stopped at {stopped['at']}: its evidence could not be written" if stopped
+                 else f"killed at {result['killed_at']}")
+        partial = (f"; PARTIAL run ({ended}): "
                    + (f"{len(result['unrecorded'])} files it did not get to record are kept and marked "
                       f"({', '.join(result['unrecorded'][:4])})" if result["unrecorded"] else "its journal verified")
                    if result["partial"] else "")
         click.echo(f"bundle: {result['bundle']} ({result['files']} files, {result['bytes']:,} bytes, every file "
                    f"verified against the manifest{partial}"
-                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})")
+                   f"{'; redacted: ' + str(len(result['redactions'])) + ' identifiers' if redact else ''})",
+                   err=streamed)
     return EXIT_OK
 
 
@@ -709,11 +721,16 @@ def compare(runs, fmt, columns, as_json, max_size, max_files):
     limits = _limits(max_size, max_files)
     opened = []
     try:
-        for path in paths:
+        for path in paths:  # each read and given back at once: one directory open, one bundle unpacked
             try:
-                opened.append(_open(path, limits))
+                run = _open(path, limits)
+                try:
+                    with evaluating(path):
+                        opened.append(run.detach())
+                finally:
+                    run.close()
             except InputError as exc:
-                if not fleet:
+                if not fleet or getattr(exc, "ours", False):
                     raise
                 why = exc.message[len(path):].lstrip(": ") if exc.message.startswith(path) else exc.message
                 unreadable.append({"path": path, "problem": why})
@@ -796,7 +813,5 @@ def _expand_runs(args) -> tuple[list[str], list[dict[str, str]]]:
             out.append(arg)
     return out, bad
 
-
-from .watch.cli import watch as _watch  # noqa: E402  (the module needs the options above)
 
 cli.add_command(_watch)

@@ -13,6 +13,7 @@ from tabulate import tabulate
 from .facts import FACT_LABELS
 from .results import StagingResult, load_result, preflight_result, repro_result
 from .runs import Run
+from .safetext import md_cell, one_line
 from .units import format_bytes, format_duration
 
 __all__ = ["comparison_rows", "render_compare"]
@@ -93,14 +94,16 @@ def comparison_rows(runs: list[Run]) -> tuple[list[list[str]], list[list[str]]]:
 
 def render_compare(runs: list[Run], fmt: str = "markdown") -> str:
     md = fmt == "markdown"
-    names = [f"{r.facts().get('host') or '?'}: {r.path.name}" for r in runs]
+    names = [one_line(f"{r.facts().get('host') or '?'}: {r.path.name}") for r in runs]
     differ, equal = comparison_rows(runs)
+    cell = md_cell if md else one_line  # every figure came from a run: anyone's text
+    differ, equal = ([[cell(v) if isinstance(v, str) else v for v in row] for row in rows] for rows in (differ, equal))
     tf = "github" if md else "simple"
     out = [("# " if md else "") + f"hostpin compare: {len(runs)} runs, {len(differ)} figures differ"]
     out.append("")
     for name, r in zip(names, runs):
-        out.append(f"- {name}: {r.status.upper()}: {r.result.get('verdict') or 'no verdict'}" if md
-                   else f"{name}: {r.status.upper()}: {r.result.get('verdict') or 'no verdict'}")
+        line = one_line(f"{name}: {str(r.status).upper()}: {r.result.get('verdict') or 'no verdict'}")
+        out.append(f"- {md_cell(line)}" if md else line)
     out.append("")
     if differ:
         out.append(tabulate(differ, headers=["differs"] + [f"run {i + 1}" for i in range(len(runs))], tablefmt=tf))

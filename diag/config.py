@@ -44,7 +44,7 @@ ENV_VAR = "HOSTPIN_CONFIG"
 MAX_BYTES = 1 << 20
 META_KEY = "hostpin.config"
 
-PLAN_KEYS = ("size", "ranks", "method", "thp", "source", "map", "readonly", "chunk", "reserve")
+PLAN_KEYS = ("size", "ranks", "method", "thp", "source", "map", "readonly", "chunk", "reserve", "allocator")
 # per-invocation choices, not site policy: they stay on the command line
 NOT_FROM_FILE = {"root", "json", "format", "config", "out", "help"}
 SECTIONS = {
@@ -139,7 +139,7 @@ def _check_value(where: str, command: click.Command, param: click.Option, value:
 
 
 def _check_skip(where: str, names: list[str]) -> None:
-    from .checks import all_checks
+    from .checks.suite import all_checks
     known = {c.id for c in all_checks()}
     for name in names:
         if name not in known:
@@ -188,16 +188,24 @@ def _validate(path: Path, tables: dict[str, Any], root: click.Group) -> dict[str
     return defaults
 
 
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+
+
 def _read_regular(path: Path) -> bytes:
     """The file's first MAX_BYTES + 1 bytes, never blocking: a FIFO, a device or a directory is
-    refused (a named pipe would hang every command, a Slurm prolog among them)."""
+    refused before it is opened (a named pipe would hang every command, a Slurm prolog among them,
+    and a device's open() has effects of its own); a link to a file is followed, as a Kubernetes
+    ConfigMap mounts one."""
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):
+        raise OSError(0, f"it is {_kind(before.st_mode)}, not a file")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a named pipe" if stat.S_ISFIFO(st.st_mode) \
-                else "not a regular file"
-            raise OSError(0, f"it is {kind}, not a file")
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise OSError(0, "it was replaced while it was read")
         chunks, left = [], MAX_BYTES + 1
         while left > 0:
             piece = os.read(fd, left)
@@ -246,6 +254,8 @@ def load_config(value: str | None, root: click.Group, default_path: Path | None 
         raise ConfigError(f"{path}: not UTF-8 text; not a hostpin configuration file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(f"{path}: nested too deeply; not a hostpin configuration file") from None
     defaults = _validate(path, tables, root)
     return SiteConfig(path=path, sha256=hashlib.sha256(data).hexdigest(), data=data, tables=tables,
                       defaults=defaults)

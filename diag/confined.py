@@ -25,10 +25,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
+__all__ = ["output_fd", "write_output", "PathRefused", "TooLarge", "Limits", "DEFAULT_LIMITS", "normalize", "Dir", "open_dir",
            "write_file_at", "read_json_object", "parse_json", "replace_output"]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_DEV_NULL = os.makedev(1, 3)
+_TTY_MAJORS = {4, 5} | set(range(136, 144))  # virtual and serial consoles, /dev/tty, pseudo-terminals
 _DIRFLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
 MAX_DEPTH = 256  # directories below a run or tree: /proc and /sys captures are a few dozen deep
 
@@ -468,18 +470,84 @@ def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS
     return value if isinstance(value, dict) else None
 
 
+def output_fd(out: Path | str) -> int | None:
+    """Where -o goes when it is not a file to replace: a descriptor to write through for `-`
+    (stdout), or for a named pipe, a terminal or /dev/null, also behind a link (/dev/stdout is
+    one, to /proc/self/fd/1); None for a file to create or replace. Anything else that is there is
+    never replaced nor followed (PathRefused): a link to a file or to nothing, a directory, any
+    other device. Opening never creates, truncates or blocks."""
+    if str(out) == "-":
+        return os.dup(1)
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return None
+    link = stat.S_ISLNK(st.st_mode)
+    shown = f"{out} is a symbolic link (to {os.readlink(out)!r})" if link else f"{out} is {_kind(st.st_mode)}"
+    if not (link or stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        raise PathRefused(f"{shown}, not a regular file; give a file name")
+    try:  # what it leads to, judged before anything is opened (opening some devices acts: a tape rewinds)
+        target = os.stat(out)
+    except OSError as exc:
+        raise PathRefused(f"{shown}: {exc.strerror}; not written, nothing replaced") from None
+    for std in (1, 2):  # our own stdout or stderr (/dev/stdout, also redirected to a file): write where it writes
+        try:
+            sst = os.fstat(std)
+        except OSError:
+            continue
+        if (sst.st_dev, sst.st_ino) == (target.st_dev, target.st_ino):
+            return os.dup(std)
+    chr_ok = stat.S_ISCHR(target.st_mode) and (target.st_rdev == _DEV_NULL or os.major(target.st_rdev) in _TTY_MAJORS)
+    if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
+        leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
+        raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "a named pipe that nobody reads" if exc.errno == errno.ENXIO else exc.strerror
+        raise PathRefused(f"{shown}: {why}; not written, nothing replaced") from None
+    fst = os.fstat(fd)
+    if (fst.st_dev, fst.st_ino, fst.st_mode) != (target.st_dev, target.st_ino, target.st_mode):
+        os.close(fd)
+        raise PathRefused(f"{shown}: it changed while it was opened; not written")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
+    """Write what the user asked for with -o: through the descriptor output_fd() gives, or into a
+    new temporary file in its directory, fsynced and renamed over it (an existing regular file
+    gets `mode`, 0600, rather than keeping its own). PathRefused for what is never written over;
+    OSError when it cannot be written."""
+    fd = output_fd(out)
+    if fd is not None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return
+    replace_output(out, data, mode)
+
+
 def replace_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
     """Write a file the user named (-o): a new temporary file in its directory, fsynced and
-    renamed over it, so a link there is replaced (never followed), an existing file gets
-    `mode` (0600) rather than keeping its own, and a named pipe, device or directory there is
-    refused (PathRefused) rather than opened. OSError when the directory cannot be written."""
+    renamed over it; an existing file gets `mode` (0600) rather than keeping its own, and a link,
+    named pipe, device or directory there is refused (PathRefused), never replaced nor opened.
+    OSError when the directory cannot be written."""
     import tempfile
     out = Path(out)
     try:
         st = os.lstat(out)
     except FileNotFoundError:
         st = None
-    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+    if st is not None and stat.S_ISLNK(st.st_mode):  # never replaced: the run did not make it
+        raise PathRefused(f"{out} is a symbolic link (to {os.readlink(out)!r}): never followed nor replaced; "
+                          "give the file itself, or remove the link")
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise PathRefused(f"{out} is {_kind(st.st_mode)}, not a regular file; give a file name")
     parent = out.parent if str(out.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-__all__ = ["probe_in_child", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
+__all__ = ["probe_in_child", "ProbeRun", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -54,19 +54,27 @@ def _pci_numa_node(bdf: str) -> int | None:
 
 def probe() -> dict[str, Any]:
     """Runs in the child. Never raises: every failure is a status with a message."""
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}  # seconds per step, since the probe began: where a slow probe spends it
     out: dict[str, Any] = {"status": "error", "message": None, "devices": [], "driver_version": None,
-                           "bindings_version": None, "bindings_cuda_version": None}
+                           "bindings_version": None, "bindings_cuda_version": None, "timings_s": timings}
+
+    def mark(step: str) -> None:
+        timings[step] = round(time.monotonic() - t0, 4)
+
     try:
         import cuda.bindings
         from cuda.bindings import driver
+        mark("import_bindings")
     except ImportError as exc:
         out.update(status="no_bindings",
-                   message=f"cuda-python is not installed ({exc}); pip install cuda-python")
+                   message=f"cuda-bindings is not installed ({exc}); pip install cuda-bindings")
         return out
     out["bindings_version"] = getattr(cuda.bindings, "__version__", None)
     out["bindings_cuda_version"] = getattr(driver, "CUDA_VERSION", None)
     try:
         (err,) = driver.cuInit(0)
+        mark("cuInit")
     except Exception as exc:  # cuda.pathfinder raises when libcuda.so.1 cannot be found
         out.update(status="no_driver", message="no NVIDIA driver: libcuda.so.1 could not be loaded",
                    detail=f"{type(exc).__name__}: {exc}")
@@ -108,18 +116,20 @@ def probe() -> dict[str, Any]:
                 err, value = None, None
             dev_info["attributes"][attr] = int(value) if err == driver.CUresult.CUDA_SUCCESS else None
         out["devices"].append(dev_info)
+    mark("devices")
     major_driver = (out["driver_version"] or 0) // 1000
     major_bindings = (out["bindings_cuda_version"] or 0) // 1000
     if major_driver and major_bindings and major_driver < major_bindings:
         out.update(status="driver_too_old",
                    message=f"the driver supports CUDA {major_driver}.x but cuda-bindings is built for "
-                           f"{major_bindings}.x; install cuda-python=={major_driver}.* or update the driver")
+                           f"{major_bindings}.x; install cuda-bindings=={major_driver}.* or update the driver")
         return out
     if count == 0:
         out.update(status="no_device", message="the driver sees no CUDA device")
         return out
     from .gpuprocs import nvml_processes
     out["gpu_processes"] = nvml_processes()  # co-tenants (catalog 7), read here: NVML may hang like CUDA
+    mark("nvml")
     out.update(status="ok", message=f"{count} device(s), CUDA driver API {out['driver_version']}")
     return out
 
@@ -153,19 +163,27 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    """Run probe() in a fresh interpreter; a hang becomes status 'timeout', never a hang here."""
+def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str, Any]:
+    """Run probe() in a fresh interpreter; a hang becomes status 'timeout', never a hang here.
+    started(proc) is called with the child as soon as it runs (ProbeRun kills it from there)."""
+    import subprocess  # the parent's alone: the child, which imports this module too, never needs it
     env = child_env()
     t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "diag.cuda", "probe"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    if started is not None:
+        started(proc)
     try:
-        proc = subprocess.run([sys.executable, "-m", "diag.cuda", "probe"], capture_output=True,
-                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
         return {"status": "timeout", "duration_s": round(time.monotonic() - t0, 3),
                 "message": f"the CUDA probe did not answer within {timeout:g} s (a hung driver?); killed",
-                "stdout": (exc.stdout or b"").decode(errors="replace"),
-                "stderr": (exc.stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
+                "stdout": (stdout or b"").decode(errors="replace"),
+                "stderr": (stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
     duration = round(time.monotonic() - t0, 3)
+    proc.stdout, proc.stderr = stdout, stderr  # read below as subprocess.run's result was
     try:
         result = json.loads(proc.stdout.decode(errors="replace") or "null")
     except json.JSONDecodeError:
@@ -181,6 +199,33 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     result["returncode"] = proc.returncode
     result["stderr"] = proc.stderr.decode(errors="replace")[-4000:]
     return result
+
+
+class ProbeRun:
+    """The probe's child, started now in a thread of its own so that it runs while the caller reads
+    /proc (or imports the checks): `box["result"]` once the thread ends; cancel() kills the child
+    (a command that fails before it needs the probe leaves no child behind)."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT_S):
+        self.box: dict[str, Any] = {"started": time.time()}
+        self._proc = None
+        self._cancelled = threading.Event()
+        self.thread = threading.Thread(target=self._work, args=(timeout,), name="cuda-probe", daemon=True)
+        self.thread.start()
+
+    def _work(self, timeout: float) -> None:
+        self.box["result"] = probe_in_child(timeout, started=self._started)
+
+    def _started(self, proc) -> None:
+        self._proc = proc
+        if self._cancelled.is_set():
+            proc.kill()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
 
 if __name__ == "__main__":

@@ -105,11 +105,6 @@ class RunDir:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(self.path, 0o700)  # FileExistsError when it is there already (or a link is)
         self._dir = open_dir(self.path, follow_last=False)
-        st = os.fstat(self._dir.fd)
-        if st.st_uid != os.geteuid():
-            self._dir.close()
-            raise PermissionError(f"{self.path} was replaced by a directory of uid {st.st_uid}")
-        os.fchmod(self._dir.fd, 0o700)
         self.command = command
         self.argv = list(argv)
         self.durable = durable  # fsync every journal line (the watchdog wants this)
@@ -117,17 +112,69 @@ class RunDir:
         self.pid = os.getpid()
         self.entries: list[dict[str, Any]] = []
         self._written: set[str] = set()
-        self._journal = os.fdopen(self._dir.open_new("manifest.jsonl"), "a", encoding="utf-8")
         self._finished = False
-        self._line({"run": {"tool": "hostpin", "command": command, "argv": self.argv, "host": socket.gethostname(),
-                            "pid": self.pid, "started": self.started}})
+        self.lost: str | None = None  # why the evidence stopped being written (a full disk), once it did
+        try:
+            st = os.fstat(self._dir.fd)
+            if st.st_uid != os.geteuid():
+                raise PermissionError(f"{self.path} was replaced by a directory of uid {st.st_uid}")
+            os.fchmod(self._dir.fd, 0o700)
+            self._journal = os.fdopen(self._dir.open_new("manifest.jsonl"), "a", encoding="utf-8")
+            self._line({"run": {"tool": "hostpin", "command": command, "argv": self.argv,
+                                "host": socket.gethostname(), "pid": self.pid, "started": self.started}},
+                       keep_going=False)
+        except BaseException:
+            # a run that could not even start (no space for its journal's first line) leaves nothing
+            # behind: an empty manifest.jsonl would read as a damaged run for ever after
+            self._remove_unstarted()
+            raise
+
+    @classmethod
+    def unkept(cls, path: Path | str, command: str, why: str, argv: Iterable[str] = ()) -> "RunDir":
+        """A run whose directory could not be made (a full or unwritable disk): it takes every
+        item and writes none, so that the command still decides, and says the evidence was lost."""
+        run = cls.__new__(cls)
+        run.path, run.command, run.argv, run.durable = Path(path), command, list(argv), False
+        run.started, run.pid, run.entries, run._written = _now_iso(), os.getpid(), [], set()
+        run._finished, run.lost, run._journal, run._dir = False, why, None, None
+        return run
+
+    @property
+    def made(self) -> bool:
+        """Whether the run directory exists (it holds what was written before any loss)."""
+        return self._journal is not None
+
+    def _remove_unstarted(self) -> None:
+        try:
+            os.unlink("manifest.jsonl", dir_fd=self._dir.fd)
+        except OSError:
+            pass
+        self._dir.close()
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
 
     # -- journal ---------------------------------------------------------------------------
-    def _line(self, obj: dict[str, Any]) -> None:
-        self._journal.write(json.dumps(obj, sort_keys=True) + "\n")
-        self._journal.flush()
-        if self.durable:
-            os.fsync(self._journal.fileno())
+    def _lose(self, what: str, exc: OSError) -> None:
+        """A write failed (a full disk, an I/O error): the run stops writing from here on, and what
+        it decides is still decided; the command says the evidence could not be kept (exit 3 for a
+        pass, the failure's own code otherwise, CMD's exit code for the launcher form)."""
+        if self.lost is None:
+            self.lost = f"{what}: {exc.strerror or exc}"
+
+    def _line(self, obj: dict[str, Any], keep_going: bool = True) -> None:
+        if self.lost is not None:
+            return
+        try:
+            self._journal.write(json.dumps(obj, sort_keys=True) + "\n")
+            self._journal.flush()
+            if self.durable:
+                os.fsync(self._journal.fileno())
+        except OSError as exc:
+            if not keep_going:
+                raise
+            self._lose("manifest.jsonl", exc)
 
     def _record(self, entry: dict[str, Any]) -> dict[str, Any]:
         self.entries.append(entry)
@@ -138,11 +185,16 @@ class RunDir:
         rel = normalize(rel)
         if rel in MANIFEST_FILES:
             raise PathRefused(f"{rel} is the run's own manifest")
-        if rel in self._written:  # written before by this run: a new file renamed over it
-            self._dir.replace(rel, data, durable=self.durable)
-        else:
-            self._dir.write_new(rel, data, durable=self.durable)
-            self._written.add(rel)
+        if self.lost is not None:
+            return self.path / rel
+        try:
+            if rel in self._written:  # written before by this run: a new file renamed over it
+                self._dir.replace(rel, data, durable=self.durable)
+            else:
+                self._dir.write_new(rel, data, durable=self.durable)
+                self._written.add(rel)
+        except OSError as exc:  # write_file_at removed what it had begun
+            self._lose(rel, exc)
         return self.path / rel
 
     # -- items -----------------------------------------------------------------------------
@@ -159,6 +211,8 @@ class RunDir:
 
     def adopt(self, rel: str, kind: str = "file", **extra: Any) -> dict[str, Any]:
         """A file something else wrote into the run (a child's log): give it its manifest entry."""
+        if self.lost is not None:
+            return self.add_skip(rel, f"not kept: {self.lost}", kind=kind, **extra)
         try:
             size, sha = Dir(self.path, self._dir.fd, Limits(total_bytes=1 << 62, file_bytes=1 << 62)).hash_file(rel)
         except FileNotFoundError:
@@ -170,7 +224,11 @@ class RunDir:
 
     def add_dir(self, rel: str, **extra: Any) -> dict[str, Any]:
         """An empty directory that exists on the node (its absence would mean something else)."""
-        self._dir.makedirs(rel)
+        if self.lost is None:
+            try:
+                self._dir.makedirs(rel)
+            except OSError as exc:
+                self._lose(rel, exc)
         return self._record(_entry(rel, "dir", **extra))
 
     def add_json(self, rel: str, obj: Any, *, kind: str = "result", **extra: Any) -> dict[str, Any]:
@@ -179,8 +237,14 @@ class RunDir:
 
     def create_file(self, rel: str):
         """A binary file object for a file created now inside the run (O_EXCL, no links), for
-        output written by someone else (a child's log); give it its entry with adopt()."""
-        return os.fdopen(self._dir.open_new(rel), "wb")
+        output written by someone else (a child's log); give it its entry with adopt(). Once the
+        run has lost its evidence, or cannot create the file, the object writes to /dev/null."""
+        if self.lost is None:
+            try:
+                return os.fdopen(self._dir.open_new(rel), "wb")
+            except OSError as exc:
+                self._lose(rel, exc)
+        return open(os.devnull, "wb")
 
     def run_command(self, name: str, argv: list[str], timeout: float = 10.0,
                     max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
@@ -217,17 +281,47 @@ class RunDir:
             return self.path / "manifest.json"
         if result is not None:
             self.add_json("result.json", result)
+        if self.lost is not None:
+            self._stop()
+            return self.path / "manifest.json"
         manifest = {
             "tool": "hostpin", "command": self.command, "argv": self.argv, "pid": self.pid,
             "host": socket.gethostname(), "started": self.started, "finished": _now_iso(),
             "complete": True,
             "entries": self.entries,
         }
-        self._dir.replace("manifest.json", _dumps(manifest), durable=True)
-        self._journal.close()
+        try:
+            self._dir.replace("manifest.json", _dumps(manifest), durable=True)
+        except OSError as exc:
+            self._lose("manifest.json", exc)
+            self._stop()
+            return self.path / "manifest.json"
+        self._close()
+        return self.path / "manifest.json"
+
+    def _stop(self) -> None:
+        """The end of a run that lost its evidence: one last journal line says why it stopped (it
+        fits when the space came back, or in the journal's last block), so that the partial run
+        does not read as killed; then everything is closed."""
+        if self._journal is None:  # never made (RunDir.unkept)
+            self._finished = True
+            return
+        try:
+            # after a newline: a line the full disk cut short stays a line of its own
+            self._journal.write("\n" + json.dumps({"stopped": {"at": _now_iso(), "why": self.lost}}, sort_keys=True)
+                                + "\n")
+            self._journal.flush()
+        except OSError:
+            pass
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self._journal.close()
+        except OSError:  # what was buffered could not be written: the run has lost it already
+            self._lose("manifest.jsonl", OSError("could not be flushed"))
         self._dir.close()
         self._finished = True
-        return self.path / "manifest.json"
 
 
 class Stream:
@@ -236,7 +330,12 @@ class Stream:
 
     def __init__(self, run: RunDir, rel: str):
         self.run, self.rel = run, normalize(rel)
-        self._fh = os.fdopen(run._dir.open_new(self.rel), "ab")
+        self._fh = None
+        if run.lost is None:
+            try:
+                self._fh = os.fdopen(run._dir.open_new(self.rel), "ab")
+            except OSError as exc:
+                run._lose(self.rel, exc)
         run._written.add(self.rel)
         self._hash = hashlib.sha256()
         self._size = 0
@@ -248,18 +347,28 @@ class Stream:
     def write(self, data: bytes | str) -> None:
         if isinstance(data, str):
             data = data.encode()
-        self._fh.write(data)
-        self._fh.flush()
-        if self.run.durable:
-            os.fsync(self._fh.fileno())
+        if self._fh is None or self.run.lost is not None:
+            return
+        try:
+            self._fh.write(data)
+            self._fh.flush()
+            if self.run.durable:
+                os.fsync(self._fh.fileno())
+        except OSError as exc:
+            self.run._lose(self.rel, exc)
+            return
         self._hash.update(data)
         self._size += len(data)
 
     def close(self, kind: str = "stream", **extra: Any) -> None:
         if self.closed:
             return
-        self._fh.close()
         self.closed = True
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self.run._lose(self.rel, exc)
         self.run._record(_entry(self.rel, kind, size=self._size, sha256=self._hash.hexdigest(), started=self._started,
                                 duration_s=round(time.monotonic() - self._t0, 6), **extra))
 
@@ -315,8 +424,14 @@ def _read_lines(d: Dir, rel: str, what: str) -> tuple[list[Any], bool]:
         except TooLarge as exc:
             raise ManifestError(str(exc)) from None
         except (ValueError, RecursionError):
-            if i > 0 and all(not x.strip() for x in lines[i + 1:]):
+            rest = [x for x in lines[i + 1:] if x.strip()]
+            if i > 0 and (not rest or (len(rest) == 1 and rest[0].startswith('{"stopped": '))):
                 cut = True
+                if rest:  # the line that says why it stopped, written after the cut one
+                    try:
+                        out.append(parse_json(rest[0].encode(), f"{what} (its stop line)", d.limits.json_bytes))
+                    except (ValueError, RecursionError):
+                        pass
                 break
             more = " and more follows it" if i > 0 else " (its first line)"
             raise ManifestError(f"{what} line {i + 1} is damaged (not JSON){more}") from None
@@ -362,7 +477,13 @@ def _load(d: Dir, name: str) -> dict[str, Any]:
         lines, cut = _read_lines(d, "manifest.jsonl", "manifest.jsonl")
         header: dict[str, Any] = {}
         entries = []
+        stopped = None
         for i, line in enumerate(lines):
+            if isinstance(line, dict) and "stopped" in line and "path" not in line:
+                stopped = line["stopped"] if isinstance(line["stopped"], dict) else None
+                if stopped is None or not all(isinstance(stopped.get(k), str) for k in ("at", "why")):
+                    raise ManifestError(f"manifest.jsonl line {i + 1}: the stop line is damaged")
+                continue
             if isinstance(line, dict) and "run" in line and "path" not in line:
                 if not isinstance(line["run"], dict):
                     raise ManifestError(f"manifest.jsonl line {i + 1}: the run header is not an object")
@@ -375,6 +496,8 @@ def _load(d: Dir, name: str) -> dict[str, Any]:
         manifest = {"tool": "hostpin", "command": header.get("command"), "argv": header.get("argv", []),
                     "host": header.get("host"), "pid": header.get("pid"), "started": header.get("started"),
                     "finished": None, "complete": False, "partial": True, "journal_cut": cut, "entries": entries}
+        if stopped is not None:  # it stopped itself: the evidence could not be written (a full disk)
+            manifest["stopped"] = {"at": stopped["at"], "why": stopped["why"]}
         if not manifest["command"]:
             found = command_of(None, name)
             manifest["command"] = next((k for k, v in _COMMANDS.items() if v == found), None)
@@ -453,7 +576,11 @@ def unrecorded_files(d: Dir, manifest: dict[str, Any]) -> list[tuple[str, os.sta
 def add_after_run(run_dir: Path | str, rel: str, data: bytes, kind: str) -> str:
     """Add a file to a finished (or killed) run, with its entry in manifest.added.jsonl. Never
     rewrites anything: the same bytes already there are kept as they are, different bytes go
-    to a new name (report.2.md). Returns the path used inside the run."""
+    to a new name (report.2.md). Returns the path used inside the run.
+
+    The entry is announced before the file is made (an `open` line, as a stream's), and the file
+    is removed again when its entry cannot be completed: a full disk or a kill -9 at any moment
+    leaves nothing that blocks a later bundle (a listed file, or no file)."""
     rel = normalize(rel)
     stem, dot, ext = rel.rpartition(".")
     with open_dir(run_dir, follow_last=False) as d:
@@ -462,16 +589,42 @@ def add_after_run(run_dir: Path | str, rel: str, data: bytes, kind: str) -> str:
             candidate = rel if n == 1 else f"{stem}.{n}.{ext}" if dot else f"{rel}.{n}"
             st = d.lstat(candidate)
             if st is None:
-                d.write_new(candidate, data)
                 break
             if stat.S_ISREG(st.st_mode) and d.hash_file(candidate) == (len(data), hashlib.sha256(data).hexdigest()):
-                if any(e["path"] == candidate for e in load_manifest(d)["entries"]):
+                if any(e["path"] == candidate and not e.get("open") for e in load_manifest(d)["entries"]):
                     return candidate  # already there and accounted for
             n += 1
             if n > 1000:
                 raise PathRefused(f"{rel}: a thousand versions exist already; not adding another")
-        entry = _entry(candidate, kind, data, added_after_run=True)
-        fd = d.open_new(ADDED, append=True)
-        with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        _append_added(d, _entry(candidate, kind, added_after_run=True, open=True))
+        d.write_new(candidate, data)  # removes what it began when it fails
+        try:
+            _append_added(d, _entry(candidate, kind, data, added_after_run=True))
+        except BaseException:
+            try:
+                parent, name = d._parent(candidate)
+                try:
+                    os.unlink(name, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            except OSError:
+                pass
+            raise
     return candidate
+
+
+def _append_added(d: Dir, entry: dict[str, Any]) -> None:
+    """One whole line or none: what a full disk let through is cut off again, so that the next
+    line never follows half a line."""
+    fd = d.open_new(ADDED, append=True)
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview((json.dumps(entry, sort_keys=True) + "\n").encode())
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)

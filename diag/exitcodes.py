@@ -7,26 +7,38 @@ repro staging, repro cleanup); the README's exit-code table is this one:
 code  meaning
 ====  ==========================================================================================
 0     done: nothing failed (preflight warnings allowed unless --strict; a pin completed or was
-      slow; a report, bundle, comparison or cleanup made)
-1     a check failed (preflight; --strict: a warning), or a reproduction failed, stalled, was
-      killed at its deadline or is unkillable. Never for anything else.
+      slow; `watch --pid`: the pin returned; a report, bundle, comparison or cleanup made)
+1     a check failed (preflight; --strict: a warning), a reproduction failed, stalled, was killed
+      at its deadline or is unkillable, or `watch --pid` ended before the pin returned (its
+      deadline, the process exited or died inside the pin, no pin seen). Only these: never an
+      input that could not be read nor an output that could not be written, and a failure stays
+      1 whatever could not be written.
 2     bad command line: a one-line error names the value (a size that is not one, a path that
-      does not exist, options that contradict each other)
+      does not exist, options that contradict each other, -o inside the run being read)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
-      limits), no GPU for a CUDA-only command, an --out / -o / --prometheus that cannot be
-      written, a leftover that `repro cleanup` could not remove. One line names what and why.
+      limits), no GPU for a CUDA-only command, no torch in the --python of `repro register
+      --allocator torch`, an --out / -o / --prometheus that cannot be written, a run directory
+      that cannot be made or fills up (the evidence is lost), a result that cannot reach stdout, no descriptors or TMPDIR space left to read runs, a leftover that
+      `repro cleanup` could not remove. One line names what and why. The verdict is decided first
+      and still printed: an output that could not be written makes a pass 3, never a failure.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
       (`hostpin repro cleanup`, or --ignore-leftovers); --trace without root
+126   `watch -- CMD`: CMD cannot be run (as a shell says it)
+127   `watch -- CMD`: no such command
 130   interrupted (Ctrl-C or SIGTERM), everything set up removed
 ====  ==========================================================================================
+
+`watch -- CMD` otherwise exits with CMD's own exit code (128+N when signal N ended it), whatever
+could not be written: evidence it could not keep is a warning on stderr. A message that cannot
+reach stderr (a full disk under `2>>log`, /dev/full) never changes any exit code.
 
 No input prints a traceback; HOSTPIN_DEBUG=1 shows one for an unexpected internal error
 (which otherwise exits 3 naming where it happened).
 """
 
 EXIT_OK = 0            # nothing failed (warnings allowed unless --strict)
-EXIT_FAIL = 1          # a check failed, or a reproduction ended in failure/stall/kill
+EXIT_FAIL = 1          # a check failed, a reproduction ended in failure/stall/kill, watch ended first
 EXIT_USAGE = 2         # bad command line: a one-line error names the value
 EXIT_UNEVALUATED = 3   # the input could not be read or evaluated, or the output not written
 EXIT_REFUSED = 4       # repro refused for safety (headroom, leftovers) without its override

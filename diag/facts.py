@@ -39,8 +39,10 @@ FACT_SOURCES = {
     "page_size": ("sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "probes/node.json"),
 }
 
-# fields every kernel we judge prints (MemAvailable since 3.14): their absence is damage, not "none"
-MEMINFO_REQUIRED = ("MemTotal", "MemFree", "MemAvailable", "SwapTotal", "SwapFree")
+# fields every kernel we judge prints: their absence is damage, not "none". MemAvailable (3.14+) is
+# not among them: without it (older kernels, runtimes that rewrite meminfo: procfs's and
+# node_exporter's fixtures) it is estimated as the kernel computes it, from zoneinfo's watermarks
+MEMINFO_REQUIRED = ("MemTotal", "MemFree", "SwapTotal", "SwapFree")
 # sysctls a captured tree must hold where it holds its group at all (they decide the swap and hung-task checks)
 SYSCTLS_REQUIRED = {"vm": ("proc/sys/vm", ()),
                     "hung_task": ("proc/sys/kernel", ("hung_task_timeout_secs", "hung_task_panic"))}
@@ -67,18 +69,30 @@ def live_node_probe(root: Root) -> dict[str, Any]:
             "zswap_enabled": swap.read_zswap_enabled(root)}
 
 
-def load_node_probe(root_dir: Path) -> tuple[dict | None, str | None]:
-    """(probe, problem): the node probe kept next to a captured tree, if any."""
-    for candidate in (root_dir.parent / "probes" / "node.json", root_dir / "probes" / "node.json"):
-        if candidate.is_file() and not candidate.is_symlink():
-            try:
-                data = json.loads(candidate.read_bytes()[: 1 << 20])
-            except (OSError, ValueError) as exc:
-                return None, f"{candidate}: damaged ({type(exc).__name__})"
-            if not isinstance(data, dict):
-                return None, f"{candidate}: damaged (not an object)"
-            return data, None
+def load_node_probe(root: Root) -> tuple[dict | None, str | None]:
+    """(probe, problem): the node probe kept next to a captured tree (in the run that holds it as
+    root/, or in the tree itself), if any; read confined to them, at most 1 MiB."""
+    for where, data in (("probes/node.json beside the tree", root.beside("probes/node.json")),
+                        (root.display("probes/node.json"), _in_tree(root, "probes/node.json"))):
+        if data is None:
+            continue
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            return None, f"{where}: damaged ({type(exc).__name__})"
+        if not isinstance(parsed, dict):
+            return None, f"{where}: damaged (not an object)"
+        return parsed, None
     return None, None
+
+
+def _in_tree(root: Root, rel: str, limit: int = 1 << 20) -> bytes | None:
+    from .confined import Limits, PathRefused, open_dir
+    try:
+        with open_dir(root.path, Limits(total_bytes=limit, files=1, file_bytes=limit)) as d:
+            return d.read_bytes(rel, limit=limit) if d.is_file(rel) else None
+    except (OSError, PathRefused):
+        return None
 
 
 class Readings:
@@ -169,7 +183,7 @@ class Readings:
             return self._node_probe
         if self.root.live:
             return None
-        probe, problem = load_node_probe(self.root.path)
+        probe, problem = load_node_probe(self.root)
         if problem:
             self._damaged("node_probe", [problem])
         return probe
@@ -212,6 +226,11 @@ class Readings:
                     self._damaged("meminfo", [f"{small.replace('_bytes', '')} {a:,} B is more than "
                                               f"{big.replace('_bytes', '')} {b:,} B"])
             self._cut_short("meminfo")
+            if m.available_bytes is None and "MemAvailable" not in m.raw and not any(
+                    b.startswith("MemAvailable:") for b in m.bad):
+                estimate = meminfo.estimate_available(m, self.zoneinfo if self.state("zoneinfo") == OK else None)
+                if estimate is not None:
+                    m.available_bytes, m.available_estimate = estimate["available_bytes"], estimate
         return m
 
     @cached_property
@@ -308,6 +327,9 @@ class Readings:
         except cgroup.CgroupDamaged as exc:
             self._damaged("cgroup", [str(exc)])
             return None
+        except cgroup.CgroupUnseen as exc:  # its limit exists but cannot be read: not "no limit"
+            self.gaps.setdefault("cgroup", []).append(f"proc/{self.pid}/cgroup: {exc};")
+            return None
         if cg is not None:
             self._damaged("cgroup", cg.bad)
             if cg.not_captured:
@@ -327,7 +349,11 @@ class Readings:
 
     @cached_property
     def numa_nodes(self):
-        return numa.read_numa_nodes(self.root)
+        nodes = numa.read_numa_nodes(self.root)
+        unread = [f"sys/devices/system/node/node{n.node}/meminfo" for n in nodes if not n.meminfo_read]
+        if unread:  # a node whose free memory is not known cannot be judged as having none
+            self.gaps.setdefault("numa_nodes", []).extend(unread)
+        return nodes
 
     def iommu_for(self, devices: list[str]):
         return iommu.read_iommu(self.root, devices)

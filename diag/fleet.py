@@ -18,6 +18,7 @@ from typing import Any
 
 from .compare import LABELS, _BYTES, _fmt, run_figures
 from .runs import Run
+from .safetext import one_line
 
 __all__ = ["fleet_summary", "render_fleet"]
 
@@ -33,7 +34,7 @@ _GROUP_KEYS = ("kernel", "driver", "thp_enabled", "thp_defrag")
 
 
 def _hosts(runs: list[Run], figures: list[dict[str, Any]]) -> list[str]:
-    return [str(f.get("host") or r.path.name) for r, f in zip(runs, figures)]
+    return [one_line(f.get("host") or r.path.name) for r, f in zip(runs, figures)]
 
 
 def _node_names(runs: list[Run], hosts: list[str]) -> list[str]:
@@ -82,7 +83,7 @@ def _doubts(r: Run) -> list[str]:
     """Why a run that was read cannot be vouched for: files that differ from its manifest, or no
     manifest.json at all (read from its journal: killed before it finished, or the manifest removed)."""
     out = list(r.problems)
-    if r.partial and not r.is_file("manifest.json"):
+    if r.partial and r.journal_only:
         out.insert(0, "no manifest.json: read from its journal (killed before it finished, or the manifest "
                       "was removed)")
     return out
@@ -110,7 +111,7 @@ def fleet_summary(runs: list[Run], unreadable: list[dict[str, Any]] | None = Non
     names = _node_names(runs, hosts)
     verdicts: dict[str, dict[str, Any]] = {}
     for name, f in zip(names, figures):
-        v = verdicts.setdefault(str(f.get("status") or "unknown"), {"count": 0, "nodes": [], "checks": {}})
+        v = verdicts.setdefault(one_line(f.get("status") or "unknown"), {"count": 0, "nodes": [], "checks": {}})
         v["count"] += 1
         v["nodes"].append(name)
         for key, status in f.items():
@@ -221,7 +222,7 @@ def render_fleet(summary: dict[str, Any], fmt: str = "text") -> str:
     if unread:
         lines.append(f"{h}could not be read ({len(unread)}): not in the counts above")
         for u in unread[:SHOW_NODES * 2]:
-            lines.append(f"  {u['path']}: {u['problems'][0]}")
+            lines.append(one_line(f"  {u['path']}: {u['problems'][0]}"))
         if len(unread) > SHOW_NODES * 2:
             lines.append(f"  ... {len(unread) - SHOW_NODES * 2} more (--json lists them)")
         lines.append("")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from .rootfs import Root
+from .safetext import one_line
 
 __all__ = ["parse_release", "release_from_version", "parse_cmdline", "read_release", "read_cmdline"]
 
@@ -30,9 +31,10 @@ def release_from_version(text: str) -> str | None:
 def read_release(root: Root) -> str | None:
     text = root.read_text("proc/sys/kernel/osrelease", record=True)
     if text:
-        return text.strip()
+        return one_line(text.strip())  # a captured tree's: anyone's text
     text = root.read_text("proc/version")
-    return release_from_version(text) if text else None
+    release = release_from_version(text) if text else None
+    return one_line(release) if release else None
 
 
 def parse_cmdline(text: str) -> dict[str, str | None]:

@@ -8,6 +8,12 @@ whether the owner still runs (a pid that exists again but started after the thin
 is another process: the owner is dead). `hostpin repro cleanup` removes those of dead owners,
 `hostpin preflight` warns about them, `hostpin repro register` refuses to start beside them.
 
+A name alone proves nothing (any user can create /var/tmp/hostpin-swap-1-ab): a swap file is
+hostpin's only when root owns it, its mode is 0600, it has one link, and its first page is
+hostpin's swap header (or still all zeros: killed before the header was written). Every swap
+file is recorded, before it is made, in SWAP_RECORDS (a directory only root can write), so one
+left in a custom --swap-dir is found too.
+
 The names are made here (repro imports them: diag never imports repro):
 
 >>> swap_file_name(1234, "ab12cd34")
@@ -27,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SWAP_PREFIX", "CGROUP_PREFIX", "SHM_PREFIX", "BUNDLE_TMP_PREFIX", "swap_file_name", "cgroup_name",
+__all__ = ["SWAP_PREFIX", "SWAP_RECORDS", "dir_problem", "is_hostpin_swap_file", "swap_records", "CGROUP_PREFIX", "SHM_PREFIX", "BUNDLE_TMP_PREFIX", "swap_file_name", "cgroup_name",
            "shm_name", "owner_pid", "owner_alive", "cgroup_mounts", "Leftover", "find_leftovers", "CLEANUP_COMMAND"]
 
 SWAP_PREFIX = "hostpin-swap-"
@@ -35,6 +41,8 @@ CGROUP_PREFIX = "hostpin-"
 SHM_PREFIX = "hostpin-"
 BUNDLE_TMP_PREFIX = "hostpin-bundle-"
 DEFAULT_SWAP_DIR = "/var/tmp"
+SWAP_RECORDS = "/var/lib/hostpin/swap-files"  # one file per swap file made: its path
+SWAP_LABEL = b"hostpin"                        # the header's volume label (repro.swapfile writes it)
 CLEANUP_COMMAND = "hostpin repro cleanup"
 
 _PATTERNS = {
@@ -138,6 +146,86 @@ class Leftover:
         return f"{what} {self.path} ({owner}{extra})"
 
 
+def dir_problem(directory: str) -> str | None:
+    """Why another user could swap a file in `directory` for one of their own (its real path, or
+    a directory above it, is not root's, or others may write to it without the sticky bit), or
+    None when only root can rename what root makes there.
+
+    >>> dir_problem("/")
+    """
+    real = os.path.realpath(directory)
+    parts = [p for p in real.split("/") if p]
+    for i in range(len(parts) + 1):
+        path = "/" + "/".join(parts[:i])
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            return f"cannot check {path}: {exc.strerror}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory"
+        if st.st_uid != 0:
+            return f"{path} belongs to uid {st.st_uid}, who can rename what root makes there"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (f"{path} is writable by {'every user' if st.st_mode & 0o002 else 'its group'} without the "
+                    "sticky bit, so they can rename what root makes there")
+    return None
+
+
+def is_hostpin_swap_file(path: str, page: int | None = None) -> bool:
+    """Root's regular 0600 file with one link whose first page is hostpin's swap header, or all
+    zeros (made, then killed before the header was written). Opened without following a link."""
+    from .pagesize import live_page_size
+    page = page or live_page_size()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) != 0o600 \
+                or st.st_nlink != 1:
+            return False
+        head = os.pread(fd, page, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if not head.strip(b"\0"):
+        return True
+    return len(head) == page and head[page - 10:] == b"SWAPSPACE2" and head[1052:1052 + len(SWAP_LABEL)] == SWAP_LABEL
+
+
+def swap_records(records: str = SWAP_RECORDS) -> dict[str, str]:
+    """{record file: swap file path} for every swap file hostpin made and has not removed; only
+    when the records directory and each record are root's (a record names what root may delete)."""
+    if dir_problem(records) is not None or os.path.islink(records):
+        return {}
+    out = {}
+    try:
+        names = sorted(os.listdir(records))
+    except OSError:
+        return {}
+    for name in names:
+        if owner_pid(name, "swap") is None:
+            continue
+        rec = os.path.join(records, name)
+        try:
+            fd = os.open(rec, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            text = os.read(fd, 4096).decode("utf-8", "replace").strip() if stat.S_ISREG(st.st_mode) \
+                and st.st_uid == 0 else ""
+        except OSError:
+            text = ""
+        finally:
+            os.close(fd)
+        if text.startswith("/") and os.path.basename(text) == name:
+            out[rec] = text
+    return out
+
+
 def _made_at(path: str) -> float | None:
     try:
         st = os.lstat(path)
@@ -163,9 +251,10 @@ def _swaps(proc: str) -> list[tuple[str, int | None]]:
 
 
 def find_leftovers(proc: str = "/proc", shm_dir: str = "/dev/shm", tmp_dir: str | None = None,
-                   swap_dirs: tuple[str, ...] = (DEFAULT_SWAP_DIR,)) -> list[Leftover]:
-    """Every hostpin swap file, cgroup (with its throttles), /dev/shm file and unpacked bundle
-    on this node, with its owner's pid and whether it runs. Reads only."""
+                   swap_dirs: tuple[str, ...] = (DEFAULT_SWAP_DIR,), records: str = SWAP_RECORDS) -> list[Leftover]:
+    """Every hostpin swap file (in swap_dirs and wherever a record says one was made), cgroup (with
+    its throttles), /dev/shm file and unpacked bundle on this node, with its owner's pid and
+    whether it runs. Reads only."""
     found: list[Leftover] = []
     active = set()
     for name, used in _swaps(proc):
@@ -174,7 +263,8 @@ def find_leftovers(proc: str = "/proc", shm_dir: str = "/dev/shm", tmp_dir: str 
             continue
         active.add(name)
         found.append(Leftover("swap", name, pid, owner_alive(pid, _made_at(name), proc), {"used_bytes": used}))
-    dirs = set(swap_dirs) | {os.path.dirname(name) for name in active}
+    recorded = {path: rec for rec, path in swap_records(records).items()}
+    dirs = set(swap_dirs) | {os.path.dirname(name) for name in active} | {os.path.dirname(p) for p in recorded}
     for directory in sorted(dirs):
         try:
             names = os.listdir(directory)
@@ -189,9 +279,11 @@ def find_leftovers(proc: str = "/proc", shm_dir: str = "/dev/shm", tmp_dir: str 
                 st = os.lstat(path)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
-                found.append(Leftover("swap-file", path, pid, owner_alive(pid, _made_at(path), proc),
-                                      {"size_bytes": st.st_size}))
+            if is_hostpin_swap_file(path):
+                detail: dict[str, Any] = {"size_bytes": st.st_size}
+                if path in recorded:
+                    detail["record"] = recorded[path]
+                found.append(Leftover("swap-file", path, pid, owner_alive(pid, _made_at(path), proc), detail))
     mounts = cgroup_mounts(proc)
     if mounts:
         for base in sorted({mounts["memory"], mounts.get("io")} - {None}):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from .parsing import to_int
 from .rootfs import Root
 
-__all__ = ["Meminfo", "parse_meminfo", "read_meminfo"]
+__all__ = ["Meminfo", "parse_meminfo", "read_meminfo", "estimate_available"]
 
 _FIELDS = {
     "total_bytes": "MemTotal", "free_bytes": "MemFree", "available_bytes": "MemAvailable",
@@ -48,6 +48,7 @@ class Meminfo:
     committed_as_bytes: int | None = None
     commit_limit_bytes: int | None = None
     hugetlb_bytes: int | None = None
+    available_estimate: dict | None = None  # MemAvailable not printed: how it was estimated (estimate_available)
 
     @property
     def swap_used_bytes(self) -> int | None:
@@ -66,9 +67,9 @@ class Meminfo:
 def parse_meminfo(text: str) -> Meminfo:
     """Total: a damaged line is named in `bad`; a damaged known field is None and in `missing`.
 
-    >>> m = parse_meminfo("MemTotal: 100 kB\\nMemFree: n/a kB\\n")
-    >>> m.free_bytes, "MemFree" in m.missing, m.bad
-    (None, True, ["MemFree: 'n/a kB'"])
+    >>> m = parse_meminfo("MemTotal: 100 kB\\nMemFree: n/a kB\\nMemAvailable: -1 kB\\n")
+    >>> m.free_bytes, "MemFree" in m.missing, m.available_bytes, m.bad
+    (None, True, None, ["MemFree: 'n/a kB'", "MemAvailable: '-1 kB'"])
     """
     raw: dict[str, int] = {}
     bad: list[str] = []
@@ -80,7 +81,9 @@ def parse_meminfo(text: str) -> Meminfo:
         parts = rest.split()
         value = to_int(parts[0]) if sep and parts else None
         unit_ok = len(parts) == 1 or (len(parts) == 2 and parts[1] == "kB")
-        if not name or value is None or not unit_ok:
+        # every meminfo figure is a count of pages or bytes: the kernel never prints a negative one
+        # (psutil's tests/test_linux.py feeds 'MemAvailable: -1 kB'; tests/fixtures/psutil-meminfo-negative)
+        if not name or value is None or value < 0 or not unit_ok:
             bad.append(f"{name or line.strip()[:40]}: {rest.strip()[:40]!r}")
             continue
         raw[name] = value * 1024 if len(parts) == 2 else value
@@ -96,3 +99,47 @@ def parse_meminfo(text: str) -> Meminfo:
 def read_meminfo(root: Root) -> Meminfo | None:
     text = root.read_text("proc/meminfo")
     return parse_meminfo(text) if text is not None else None
+
+
+def estimate_available(m: Meminfo, zones) -> dict | None:
+    """MemAvailable as the kernel computes it, for a meminfo that does not print it (kernels
+    before 3.14, runtimes that rewrite meminfo): mm/show_mem.c si_mem_available (6.x; it was in
+    mm/page_alloc.c before 6.2), from meminfo and /proc/zoneinfo's watermarks:
+
+        available = MemFree - totalreserve
+                  + pagecache - min(pagecache / 2, wmark_low)        pagecache = Active(file) + Inactive(file)
+                  + reclaimable - min(reclaimable / 2, wmark_low)    reclaimable = KReclaimable (SReclaimable before 4.20)
+
+    wmark_low is the sum of the zones' low watermarks (low_wmark_pages, boost included, as
+    zoneinfo prints it); totalreserve is mm/page_alloc.c calculate_totalreserve_pages: per zone
+    the largest lowmem reserve ('protection:') plus the high watermark without the boost, at
+    most the zone's managed pages. None when a figure it needs is not there.
+
+    >>> z = [type("Z", (), {"fields": {"low": 100, "high": 120, "boost": 0, "managed": 10_000}, "protection": [0, 30],
+    ...                      "page_size": 4096})()]
+    >>> m = parse_meminfo("MemFree: 4000 kB\\nActive(file): 2000 kB\\nInactive(file): 2000 kB\\nKReclaimable: 400 kB\\n")
+    >>> e = estimate_available(m, z)
+    >>> e["available_bytes"] // 1024, e["totalreserve_pages"], e["wmark_low_pages"]
+    (7200, 150, 100)
+    """
+    raw = m.raw
+    need = ("MemFree", "Active(file)", "Inactive(file)")
+    if any(k not in raw for k in need) or not zones:
+        return None
+    page = zones[0].page_size
+    wmark_low = reserve = 0
+    for z in zones:
+        f = z.fields
+        if f.get("low") is None or f.get("high") is None or f.get("managed") is None or z.protection is None:
+            return None
+        wmark_low += f["low"]
+        reserve += min(max(z.protection) + f["high"] - (f.get("boost") or 0), f["managed"])
+    pagecache = (raw["Active(file)"] + raw["Inactive(file)"]) // page
+    reclaimable = raw.get("KReclaimable", raw.get("SReclaimable", 0)) // page
+    pages = raw["MemFree"] // page - reserve
+    pages += pagecache - min(pagecache // 2, wmark_low)
+    pages += reclaimable - min(reclaimable // 2, wmark_low)
+    return {"available_bytes": max(0, pages) * page, "totalreserve_pages": reserve, "wmark_low_pages": wmark_low,
+            "pagecache_pages": pagecache, "reclaimable_pages": reclaimable,
+            "source": "estimated as mm/show_mem.c si_mem_available does (MemFree - reserve + page cache and "
+                      "reclaimable kernel memory less the low watermarks)"}

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from . import cuda as cuda_mod
-from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict, all_checks
+from .checks import ERROR, FAIL, PASS, SKIP, STATUS_ORDER, WARN, Context, Plan, Verdict
+from .checks.suite import all_checks
 from .evidence import RunDir
 from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
 from .facts import DAMAGED, NOT_CAPTURED, OK, live_node_probe, node_facts
@@ -46,17 +47,11 @@ def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
     return None, NOT_CAPTURED
 
 
-def start_cuda_probe(timeout: float) -> tuple[threading.Thread, dict]:
-    """Start the child probe now so that it runs while the checks read /proc."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        box["started"] = time.time()
-        box["result"] = cuda_mod.probe_in_child(timeout)
-
-    thread = threading.Thread(target=work, name="cuda-probe", daemon=True)
-    thread.start()
-    return thread, box
+def start_cuda_probe(timeout: float, started: cuda_mod.ProbeRun | None = None) -> tuple[threading.Thread, dict]:
+    """Start the child probe now so that it runs while the checks read /proc (or take the one the
+    command line started before its imports)."""
+    run = started or cuda_mod.ProbeRun(timeout)
+    return run.thread, run.box
 
 
 def record_probe(run: RunDir | None, result: dict) -> None:
@@ -88,9 +83,11 @@ def _error_result(plan: Plan, root_dir: Path, root: Root, run: RunDir | None, ve
 def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = None, cuda: str = "probe",
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, skip: tuple[str, ...] = (),
                   sample_s: float = 1.0, strict: bool = False, pid: str | int = "self",
-                  cgroup_path: str | None = None, swap_rate: float | None = None) -> PreflightResult:
+                  cgroup_path: str | None = None, swap_rate: float | None = None,
+                  probe: cuda_mod.ProbeRun | None = None) -> PreflightResult:
     """cuda: 'probe' (child process), 'off' (--no-cuda), or 'captured' (read from the snapshot);
-    swap_rate: bytes per second the swap device gives a pin, when the user measured it.
+    swap_rate: bytes per second the swap device gives a pin, when the user measured it; probe: the
+    probe's child when the caller started it already (cuda 'probe' on the live node).
     Raises CgroupError when a --pid or --cgroup that was asked for cannot be found."""
     t0 = time.monotonic()
     root_dir = resolve_root(root_path)
@@ -98,7 +95,7 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
     probe_thread = box = None
     cuda_result, cuda_skip, cuda_state = None, None, OK
     if cuda == "probe" and root.live:
-        probe_thread, box = start_cuda_probe(cuda_timeout)
+        probe_thread, box = start_cuda_probe(cuda_timeout, started=probe)
     elif cuda == "off":
         cuda_skip, cuda_state = "CUDA probe off (--no-cuda)", OK
     else:
@@ -120,12 +117,14 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
 
     if ctx.meminfo is None or ctx.meminfo.total_bytes is None or ctx.state("meminfo") != OK:
         join_probe()
+        damaged = ctx.meminfo is not None and (ctx.state("meminfo") in (OK, DAMAGED))
         what = ctx.describe("meminfo") if ctx.state("meminfo") != OK else \
             f"{ctx.root.display('proc/meminfo')} is damaged: it has no readable MemTotal line"
-        return _error_result(plan, root_dir, root, run,
-                             f"cannot evaluate this node: {what}; --root must point at a "
-                             "captured tree (a hostpin snapshot run directory, or a directory holding proc/ and sys/)",
-                             t0)
+        # a meminfo that is there but damaged is the tree's fault, not the --root's
+        hint = ("capture the node again (hostpin snapshot)" if damaged else
+                "--root must point at a captured tree (a hostpin snapshot run directory, or a directory holding "
+                "proc/ and sys/)")
+        return _error_result(plan, root_dir, root, run, f"cannot evaluate this node: {what}; {hint}", t0)
     ctx.cgroup  # a --pid/--cgroup that cannot be found is the caller's error, before any check runs
 
     verdicts: list[tuple[Any, Verdict]] = []
@@ -167,7 +166,7 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
         status=status, exit_code=exit_code, verdict=verdict_text, plan={**plan.__dict__, "describe": plan.describe()},
         root=str(root_dir), live=root.live, run_dir=str(run.path) if run else None,
         host=socket.gethostname() if root.live else facts.get("host"), kernel=ctx.release, machine=ctx.machine,
-        page_size=ctx.page_size, page_size_source=ctx.page.source, checks=checks, facts=facts,
+        page_size=ctx.page_size, page_size_source=ctx.page.source, checks=checks, facts=facts, torch=plan.torch,
         cuda={k: ctx.cuda.get(k) for k in ("status", "message", "driver_version", "duration_s")}
         if isinstance(ctx.cuda, dict) else None,
         binding=hev.get("binding"), binding_dir=hev.get("binding_dir"), binding_bytes=hev.get("binding_bytes"),
@@ -192,6 +191,28 @@ def _verdict(plan: Plan, results, status: str) -> str:
     errors = [c.id for c, v in results if v.status == ERROR]
     what = (f"pin {plan.ranks} x {format_bytes(plan.size_bytes)} by {plan.method}" if plan.size_bytes
             else f"pin by {plan.method} (node state only, no --size given)")
+    if plan.torch and plan.size_bytes:
+        what = (f"pin {plan.ranks} x {format_bytes(plan.size_bytes)} through PyTorch ({format_bytes(plan.pinned_bytes)} "
+                f"pinned each by {plan.method})")
+    text = _verdict_text(plan, results, status, what, errors, fails, warns)
+    head = next((v for c, v in results if c.id == "headroom"), None)
+    if plan.torch and plan.size_bytes and status in (PASS, WARN) and head is not None and head.status != SKIP:
+        text += f" ({head.summary})"  # in words: what PyTorch asks for, against what
+    return text + _torch_rules(plan)
+
+
+def _torch_rules(plan: Plan) -> str:
+    """The PyTorch rules the plan was judged by, and their version range (catalog 18)."""
+    t = plan.torch
+    if not t:
+        return ""
+    version = f"PyTorch {t['version']} ({t['version_source']})" if t.get("version") else "PyTorch version not known"
+    conf = f"{t['conf_source']}={t['conf']}" if t.get("conf") else f"allocator settings: {t['conf_source']}"
+    return (f"; {version}, {conf}: " + "; ".join(t["rules"])
+            + "".join(f"; {n}" for n in t.get("notes") or []))
+
+
+def _verdict_text(plan: Plan, results, status: str, what: str, errors, fails, warns) -> str:
     if status == ERROR:
         first = next(v for c, v in results if v.status == ERROR)
         return (f"cannot evaluate whether this node can {what}: {errors[0]}: {first.summary} "

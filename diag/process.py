@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .parsing import to_int
 from .rootfs import read_bounded
+from .safetext import one_line
 
 __all__ = ["ProcStatus", "parse_status", "read_status", "read_task_state", "read_stack", "read_wchan", "list_tasks",
            "parse_stack", "TaskStat", "parse_task_stat", "read_task_stat", "parse_io", "read_io", "Syscall",
@@ -52,7 +53,7 @@ def parse_status(text: str) -> ProcStatus:
         value = value.strip()
         st.raw[key] = value
         if key == "Name":
-            st.name = value
+            st.name = one_line(value)
         elif key == "State":
             st.state = value[:1] or None
         elif key == "Threads":
@@ -181,7 +182,7 @@ def parse_task_stat(text: str) -> TaskStat | None:
     if not sep or "(" not in head or len(fields) < 13:
         return None
     try:
-        return TaskStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), minflt=int(fields[7]),
+        return TaskStat(comm=one_line(head.partition("(")[2]), state=fields[0], ppid=int(fields[1]), minflt=int(fields[7]),
                         majflt=int(fields[9]), utime_ticks=int(fields[11]), stime_ticks=int(fields[12]),
                         flags=int(fields[6]), exit_code=int(fields[49]) if len(fields) > 49 else None)
     except ValueError:

@@ -9,8 +9,6 @@ fields (diag/results.py), never from its sentences. Point node_exporter's
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,25 @@ def _esc(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _sample_value(value) -> str:
+    """A sample in the text format's own spelling, whatever the reading: an integer exactly while a
+    float holds it, a float otherwise, +Inf/-Inf past a float's range (a damaged MemTotal of
+    10^400 kB), NaN for a value that is not a number."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 53:
+        return str(value)
+    try:
+        v = float(value)
+    except OverflowError:
+        return "+Inf" if value > 0 else "-Inf"
+    except (TypeError, ValueError):
+        return "NaN"
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    return str(int(v)) if v.is_integer() and abs(v) < 2 ** 63 else repr(v)
+
+
 def render_textfile(result: PreflightResult | dict[str, Any], timestamp: float) -> str:
     r = result if isinstance(result, PreflightResult) else PreflightResult.from_dict(result)
     lines: list[str] = []
@@ -37,8 +54,7 @@ def render_textfile(result: PreflightResult | dict[str, Any], timestamp: float) 
         lines.append(f"# TYPE {name} gauge")
         for labels, value in samples:
             lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            v = float(value)
-            text = str(int(v)) if v.is_integer() else repr(v)
+            text = _sample_value(value)
             lines.append(f"{name}{{{lab}}} {text}" if lab else f"{name} {text}")
 
     plan = r.plan or {}
@@ -74,19 +90,10 @@ def render_textfile(result: PreflightResult | dict[str, Any], timestamp: float) 
 
 
 def write_textfile(result: PreflightResult | dict[str, Any], path: Path | str, timestamp: float) -> Path:
-    """Write next to the target and rename over it, so node_exporter never reads half a file.
-    The directory must exist (node_exporter's textfile directory): none is ever created
-    (FileNotFoundError). The file is 0644, as node_exporter, another user, must read it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(render_textfile(result, timestamp))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write next to the target and rename over it, so node_exporter never reads half a file (or
+    through a pipe or terminal: `-`, /dev/stdout; a link is never replaced). The directory must
+    exist (node_exporter's textfile directory): none is ever created (FileNotFoundError). The
+    file is 0644, as node_exporter, another user, must read it."""
+    from .confined import write_output
+    write_output(path, render_textfile(result, timestamp).encode(), mode=0o644)
+    return Path(path)

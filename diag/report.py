@@ -6,6 +6,7 @@ GitHub's 65,536-character limit), saying what was left out and where it is.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -13,6 +14,7 @@ from tabulate import tabulate
 
 from .facts import FACT_LABELS
 from .runs import Run
+from .safetext import longest_fence, md_cell, one_line, printable
 from .units import format_bytes, format_duration
 
 __all__ = ["render_report", "key_stack", "matrix_verdict", "staging_body", "MAX_CHARS"]
@@ -69,10 +71,12 @@ def _facts_table(run: Run, md: bool) -> str:
     plan = run.result.get("plan", {}).get("describe") or _plan_of(run.result)
     if plan:
         rows.append(["plan", plan])
-    rows.append(["command", " ".join(run.manifest.get("argv", [])[1:]) or run.command])
-    end = run.manifest.get("finished") or (f"partial, killed at {run.killed_at}" if run.partial else "not finished")
+    rows.append(["command", " ".join(map(str, run.manifest.get("argv", [])[1:])) or run.command])
+    end = run.manifest.get("finished") or (f"partial, {run.ended}" if run.partial else "not finished")
     rows.append(["run", f"{run.manifest.get('started') or '?'} .. {end}"])
-    return tabulate(rows, headers=["fact", "value"], tablefmt="github" if md else "simple")
+    safe = md_cell if md else one_line  # every value came from the run: anyone's text
+    return tabulate([[label, safe(value)] for label, value in rows], headers=["fact", "value"],
+                    tablefmt="github" if md else "simple", disable_numparse=True)
 
 
 def _plan_of(result: dict) -> str | None:
@@ -119,9 +123,12 @@ def _section(title: str, body: str, md: bool) -> str:
 
 def _preflight_body(r: dict, md: bool) -> str:
     fmt = "github" if md else "simple"
-    bad = [[c["status"].upper(), c["id"], c["summary"], c.get("remedy") or ""] for c in r.get("checks", [])
-           if c["status"] in ("error", "fail", "warn")]
-    good = [[c["status"], c["id"], c["summary"]] for c in r.get("checks", []) if c["status"] in ("pass", "skip")]
+    safe = md_cell if md else one_line
+    checks = [c for c in r.get("checks", []) if isinstance(c, dict)]
+    bad = [[safe(str(c.get("status")).upper()), safe(c.get("id")), safe(c.get("summary")), safe(c.get("remedy") or "")]
+           for c in checks if c.get("status") in ("error", "fail", "warn")]
+    good = [[safe(c["status"]), safe(c.get("id")), safe(c.get("summary"))] for c in checks
+            if c.get("status") in ("pass", "skip")]
     out = ""
     if bad:
         out += tabulate(bad, headers=["", "check", "finding", "remedy"], tablefmt=fmt,
@@ -318,9 +325,11 @@ def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
             continue
         spent += len(body)
         if md:
-            out += f"<details><summary>{e['path']} ({format_bytes(e['size'])})</summary>\n\n```\n{body}\n```\n\n</details>\n"
+            fence = longest_fence(body)  # a fence inside the file must not close this one
+            out += (f"<details><summary>{md_cell(e['path'])} ({format_bytes(e['size'])})</summary>\n\n{fence}\n"
+                    f"{body}\n{fence}\n\n</details>\n")
         else:
-            out += f"--- {e['path']} ---\n{body}\n"
+            out += f"--- {one_line(e['path'])} ---\n{body}\n"
     shown = {e["path"] for e in chosen} - set(left_out)
     left_out += [e["path"] for e in entries if e["path"] not in shown]
     return out, left_out
@@ -373,22 +382,22 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None,
         status = "failed" if bad else "completed"
     if run.command == "repro staging" and r.get("summary") and "schema_version" not in r:
         r = dict(r, verdict="UNCORRECTED, recorded before hostpin counted the per-CPU free lists: " + str(r.get("verdict")))
-    title = f"hostpin {run.command}: {status.upper()}"
-    verdict = r.get("verdict") or (
-        f"partial, killed at {run.killed_at or 'an unknown time'}: the run stopped before it finished and left no "
+    title = one_line(f"hostpin {run.command}: {str(status).upper()}")
+    verdict = one_line(r.get("verdict")) if r.get("verdict") else (
+        f"partial, {one_line(run.ended)}: the run {'has not' if run.running else 'stopped before it'} finished and left no "
         "result; the timeline, stacks and files it wrote are below" if run.partial
         else "(no verdict: the run did not finish; see manifest.jsonl)")
-    parts = [f"# {title}\n\n**{verdict}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]
+    parts = [f"# {md_cell(title)}\n\n**{md_cell(verdict)}**\n" if md else f"{title}\n{'=' * len(title)}\n{verdict}\n"]
     if run.partial:
-        note = (f"partial run, killed at {run.killed_at or 'an unknown time'}: the entries its journal has were "
-                "verified")
+        note = f"partial run, {md_cell(run.ended) if md else one_line(run.ended)}: the entries its journal has were verified"
         if run.unrecorded:
-            note += ("; written but not recorded before it was killed (kept as they are): "
-                     + ", ".join(run.unrecorded[:8]) + (" ..." if len(run.unrecorded) > 8 else ""))
+            note += ("; written but not recorded before it ended (kept as they are): "
+                     + ", ".join(map(md_cell if md else one_line, run.unrecorded[:8]))
+                     + (" ..." if len(run.unrecorded) > 8 else ""))
         parts.append(("> **Note:** " if md else "NOTE: ") + note + "\n")
     if run.problems:
         parts.append(("> **Warning:** " if md else "WARNING: ") + "the evidence does not match its manifest: "
-                     + "; ".join(run.problems[:5]) + "\n")
+                     + "; ".join(map(md_cell if md else one_line, run.problems[:5])) + "\n")
     parts.append(_section("Facts", _facts_table(run, md), md))
     command = run.command
     if command == "preflight":
@@ -402,14 +411,14 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None,
         stack = key_stack(run)
         if stack:
             where, text = stack
-            block = f"```\n{text}\n```\n\nfrom {where}\n" if md else f"{text}\n(from {where})\n"
+            block = _fenced(text, where) if md else f"{text}\n(from {one_line(where)})\n"
             parts.append(_section("Kernel stack", block, md))
     elif command == "watch":
         from .watch.render import watch_body
         parts.append(_section("Result", watch_body(r, md), md))
         stack = key_stack(run)
         if stack:
-            block = f"```\n{stack[1]}\n```\n\nfrom {stack[0]}\n" if md else f"{stack[1]}\n(from {stack[0]})\n"
+            block = _fenced(stack[1], stack[0]) if md else f"{stack[1]}\n(from {one_line(stack[0])})\n"
             parts.append(_section("Kernel stack", block, md))
     if command in ("repro register", "watch") and budgets_of(r):
         parts.append(_section("Time budget (--trace)", _budget_body(r, md, budget_picture), md))
@@ -423,6 +432,16 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None,
     if raw:
         parts.append(_section("Raw evidence", raw, md))
     tail = f"{len(left_out)} more files are in the run directory and its manifest" if left_out else "nothing was left out"
-    parts.append(("---\n" if md else "") + f"Run: `{run.source}` ({tail}). Made by hostpin; every file is listed with "
-                 "its sha256 in manifest.json.\n")
-    return "\n".join(parts)
+    parts.append(("---\n" if md else "") + f"Run: {_code(run.source) if md else one_line(run.source)} ({tail}). "
+                 "Made by hostpin; every file is listed with its sha256 in manifest.json.\n")
+    return printable("\n".join(parts))  # no control character from the run reaches the page
+
+
+def _code(text: str) -> str:
+    ticks = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)  # more than any run inside
+    return f"{ticks} {one_line(text)} {ticks}" if "`" in text else f"`{one_line(text)}`"
+
+
+def _fenced(text: str, where: str) -> str:
+    fence = longest_fence(text)
+    return f"{fence}\n{text}\n{fence}\n\nfrom {md_cell(where)}\n"

@@ -12,48 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .resultbase import Result, result_dict, write_result
+from .watch.result import WatchResult
+
 __all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "SideFigures", "StagingResult",
            "result_dict", "write_result",
            "load_result", "preflight_result", "repro_result"]
-
-
-@dataclass
-class Result:
-    SCHEMA: ClassVar[str] = "hostpin.result"
-    SCHEMA_VERSION: ClassVar[int] = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return result_dict(self)
-
-
-def result_dict(result: Result) -> dict[str, Any]:
-    """The JSON form of any result: its fields, nested dataclasses as objects, and its schema."""
-    out = {"schema": result.SCHEMA, "schema_version": result.SCHEMA_VERSION}
-    for f in dataclasses.fields(result):
-        value = getattr(result, f.name)
-        if f.name == "extra":
-            out.update({k: v for k, v in value.items() if k not in out})
-            continue
-        out[f.name] = _plain(value)
-    return out
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def write_result(run, result: Result) -> dict[str, Any]:
-    """The one writer: the result's JSON into the run (result.json, manifest), returned for --json."""
-    data = result_dict(result)
-    if run is not None:
-        run.finish(data)
-    return data
 
 
 @dataclass
@@ -105,6 +69,7 @@ class PreflightResult(Result):
     not_captured: list[str] = field(default_factory=list)
     prometheus: str | None = None
     config: dict[str, Any] | None = None     # the site file and each setting's value and origin (--config)
+    torch: dict[str, Any] | None = None      # --allocator torch: what PyTorch asks the driver for, and the rules
     upgraded_from: int | None = None         # set when read from an older recorded result
 
     def check(self, check_id: str) -> CheckResult | None:
@@ -261,16 +226,13 @@ class StagingResult(Result):
 
 
 _SCHEMAS = {PreflightResult.SCHEMA: PreflightResult, ReproRegisterResult.SCHEMA: ReproRegisterResult,
-            StagingResult.SCHEMA: StagingResult}
+            StagingResult.SCHEMA: StagingResult, WatchResult.SCHEMA: WatchResult}
 
 
 def load_result(data: Any) -> Result | dict[str, Any]:
     """A recorded result as its dataclass; a result of a kind with no schema yet stays a dict."""
     if not isinstance(data, dict):
         return {}
-    if data.get("schema") == "hostpin.watch" and "hostpin.watch" not in _SCHEMAS:
-        from .watch.result import WatchResult  # its own module (diag.watch), registered on first use
-        _SCHEMAS[WatchResult.SCHEMA] = WatchResult
     cls = _SCHEMAS.get(data.get("schema"))
     if cls is None:
         command = data.get("command")

@@ -65,6 +65,22 @@ class Root:
     def _abs(self, rel: str) -> Path:
         return self.path / rel.lstrip("/")
 
+    def beside(self, rel: str, limit: int = 1 << 20) -> bytes | None:
+        """A file the run directory holding this tree kept next to it (commands/..., probes/...), at
+        most `limit` bytes; None when the tree is no run's root/ (a bare tree's parent is not the
+        tree's: nothing there is read), or the file is missing, a link, hard-linked or not regular."""
+        if self.live or self.path.name != "root":
+            return None
+        run = self.path.parent
+        try:
+            if not any(stat.S_ISREG(os.lstat(run / m).st_mode) for m in ("manifest.json", "manifest.jsonl")
+                       if os.path.lexists(run / m)):
+                return None
+            with open_dir(run, Limits(total_bytes=limit, files=1, file_bytes=limit)) as d:
+                return d.read_bytes(rel, limit=limit)
+        except (OSError, PathRefused):
+            return None
+
     def display(self, rel: str) -> str:
         """How a path is named to a person: /proc/meminfo on the live machine, DIR/proc/... otherwise."""
         return "/" + rel.lstrip("/") if self.live else str(self._abs(rel))

@@ -14,6 +14,7 @@ header in the middle is not taken for the end), and a gzip stream must end with 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import gzip
 import json
 import os
@@ -32,8 +33,9 @@ from .evidence import ManifestError, command_of, load_manifest, unrecorded_files
 from .facts import FACT_LABELS, node_facts
 from .results import result_shape_problem
 from .rootfs import Root
+from .safetext import one_line
 
-__all__ = ["Run", "open_run_path", "RunError", "RunMissing", "BUNDLE_TMP_PREFIX"]
+__all__ = ["Run", "open_run_path", "RunError", "RunMissing", "OutOfResources", "BUNDLE_TMP_PREFIX"]
 
 BUNDLE_TMP_PREFIX = "hostpin-bundle-"  # + owner pid + '-': diag.leftovers finds the ones of dead owners
 
@@ -44,6 +46,14 @@ class RunError(RuntimeError):
 
 class RunMissing(RunError):
     """The path named on the command line does not exist (exit 2)."""
+
+
+class OutOfResources(RunError):
+    """Not the run's fault: hostpin ran out of file descriptors (ulimit -n) or of space to unpack a
+    bundle (TMPDIR). A fleet summary must stop (exit 3), never list the run as unreadable."""
+
+
+_OURS = (errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM, errno.EDQUOT)
 
 
 @dataclass
@@ -57,6 +67,8 @@ class Run:
     partial: bool = False           # killed before it finished (no manifest.json of its own)
     killed_at: str | None = None    # when a partial run last wrote anything
     unrecorded: list[str] = field(default_factory=list)  # a partial run's files its journal does not list
+    running: bool = False           # a partial run whose owner still runs on this host: not killed
+    journal_only: bool = False      # read from its journal: no manifest.json of its own
     _tmp: str | None = None
     _facts: dict[str, Any] | None = None
 
@@ -78,6 +90,17 @@ class Run:
     def from_bundle(self) -> bool:
         return self._tmp is not None
 
+    @property
+    def ended(self) -> str:
+        """How a partial run ended, in words: 'killed at T', 'stopped at T: ...' (it could not write
+        its evidence, a full disk), or 'still running (pid N)' (its owner still runs on this host)."""
+        stopped = self.manifest.get("stopped")
+        if isinstance(stopped, dict) and isinstance(stopped.get("at"), str) and isinstance(stopped.get("why"), str):
+            return f"stopped at {stopped['at']}: its evidence could not be written ({stopped['why']})"
+        if self.running:
+            return f"still running (pid {self.manifest.get('pid')}, since {self.manifest.get('started')})"
+        return f"killed at {self.killed_at or 'an unknown time'}"
+
     def facts(self) -> dict[str, Any]:
         """The facts the run recorded, completed from its root/ tree (read once) where it did not
         record them all: they were read with the checks, from the same readings."""
@@ -92,6 +115,8 @@ class Run:
                     facts[key] = value
         if not facts.get("host"):
             facts["host"] = self.manifest.get("host")
+        # the run is anyone's: a text fact (the host, the kernel) is one line with no control character
+        facts = {k: one_line(v) if isinstance(v, str) else v for k, v in facts.items()}
         self._facts = facts
         return facts
 
@@ -136,6 +161,13 @@ class Run:
             if isinstance(value, dict):
                 out.append(value)
         return out
+
+    def detach(self) -> "Run":
+        """Keep what compare reads (manifest, result, facts) and give back the directory and an
+        unpacked bundle's files: one run open at a time, however many are compared."""
+        self.facts()
+        self.close()
+        return self
 
     def close(self) -> None:
         if self.dir is not None:
@@ -280,7 +312,8 @@ def _open_bundle(p: Path, limits: Limits) -> tuple[Path, str]:
     except OSError as exc:
         _remove_tree(tmp)
         where = f" ({exc.filename})" if exc.filename else ""
-        raise RunError(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
+        kind = OutOfResources if exc.errno in _OURS else RunError
+        raise kind(f"cannot unpack {p} into {tmp}: {exc.strerror or exc}{where}") from None
     except (PathRefused, TooLarge) as exc:
         _remove_tree(tmp)
         raise RunError(f"{p}: {exc}") from None
@@ -310,6 +343,25 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> 
             problems.append(f"result.json could not be read ({why}); the run was killed before it finished")
             return {}
         raise RunError(f"result.json could not be read: {why}") from None
+
+
+def _owner_runs(manifest: dict[str, Any]) -> bool:
+    """Whether the process that writes this journal still runs: same host, its pid alive and started
+    no later than the run (a pid used again since is another process)."""
+    import socket
+    pid, started = manifest.get("pid"), manifest.get("started")
+    if manifest.get("host") != socket.gethostname() or not isinstance(pid, int) or pid < 1 or not started:
+        return False
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat_line[stat_line.rindex(")") + 2:].split()
+        if fields[0] in ("Z", "X"):
+            return False
+        boot = next(float(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+        began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return began <= _dt.datetime.fromisoformat(started).timestamp() + 1.0
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
 
 
 def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
@@ -345,8 +397,11 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
             times = [s.st_mtime for rel, s in d.walk() if stat.S_ISREG(s.st_mode) and rel not in added
                      and rel != "manifest.added.jsonl"]
             killed_at = _iso(max(times)) if times else None
+        journal_only = "manifest.json" not in d.listdir()
+        running = partial and tmp is None and journal_only and _owner_runs(manifest)
         return Run(path=p, source=str(path), manifest=manifest, result=result, problems=problems, dir=d,
-                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, _tmp=tmp)
+                   partial=partial, killed_at=killed_at, unrecorded=unrecorded, running=running,
+                   journal_only=journal_only, _tmp=tmp)
     except BaseException as exc:
         if d is not None:
             d.close()
@@ -355,8 +410,9 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
         if isinstance(exc, ManifestError):
             raise RunError(f"{path} could not be read: {exc}") from None
         if isinstance(exc, RunError):
-            raise RunError(f"{path}: {exc}") from None
+            raise type(exc)(f"{path}: {exc}") from None
         if isinstance(exc, (PathRefused, OSError)):
             why = getattr(exc, "strerror", None) or str(exc)
-            raise RunError(f"{path} could not be read: {why}") from None
+            kind = OutOfResources if getattr(exc, "errno", None) in _OURS else RunError
+            raise kind(f"{path} could not be read: {why}") from None
         raise

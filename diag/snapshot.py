@@ -23,7 +23,7 @@ __all__ = ["SNAPSHOT_FILES", "SNAPSHOT_GLOBS", "take_snapshot"]
 SNAPSHOT_FILES = (
     "proc/meminfo", "proc/vmstat", "proc/buddyinfo", "proc/pagetypeinfo", "proc/zoneinfo", "proc/swaps",
     "proc/pressure/memory", "proc/pressure/io", "proc/pressure/cpu", "proc/version", "proc/cmdline",
-    "proc/sys/kernel/osrelease", "proc/sys/kernel/hostname", "proc/uptime", "proc/loadavg", "proc/self/limits", "proc/self/status",
+    "proc/sys/kernel/osrelease", "proc/sys/kernel/hostname", "proc/sys/kernel/domainname", "proc/uptime", "proc/loadavg", "proc/self/limits", "proc/self/status",
     "proc/self/cgroup", "proc/self/mountinfo", "proc/driver/nvidia/version", "proc/driver/nvidia/params",
     "proc/driver/nvidia/registry", "sys/devices/system/memory/auto_online_blocks",
     "sys/module/zswap/parameters/enabled",

@@ -25,6 +25,7 @@ class Zone:
     fields: dict[str, int] = field(default_factory=dict)
     bad: list[str] = field(default_factory=list)  # fields whose value could not be read
     page_size: int = PAGE_SIZE                     # the node's base page size (64 KiB on some arm64)
+    protection: list[int] | None = None           # 'protection: (0, 3019, ...)': lowmem_reserve[], pages
 
     def _get(self, key: str) -> int | None:
         return self.fields.get(key)
@@ -83,8 +84,16 @@ def parse_zoneinfo(text: str, page_size: int = PAGE_SIZE) -> ParsedList:
         if in_pagesets:
             continue
         parts = stripped.split()
-        if not parts or stripped.startswith(("per-node stats", "protection:")):
-            continue  # a heading, and the lowmem reserve list, which we do not read
+        if stripped.startswith("protection:"):  # lowmem_reserve[] against allocations for higher zones
+            values = [to_int(v) for v in stripped[len("protection:"):].strip(" ()").split(",")]
+            if values and all(v is not None and v >= 0 for v in values):
+                current.protection = values
+            else:
+                current.bad.append("protection")
+                zones.bad.append(f"Node {current.node} zone {current.zone}: protection={stripped[12:40]!r}")
+            continue
+        if not parts or stripped.startswith("per-node stats"):
+            continue  # a heading
         if stripped.startswith("pages free"):
             key, text_value = "free", " ".join(parts[2:])
         elif parts[0].rstrip(":").replace("_", "").isalnum():

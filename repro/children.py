@@ -17,7 +17,19 @@ import time
 from diag.cuda import child_env
 from diag.evidence import RunDir
 
-__all__ = ["Child", "spawn_child", "kill_and_wait"]
+__all__ = ["Child", "spawn_child", "kill_and_wait", "CHILD_RSS_BYTES", "CHILD_RSS_CUDA_BYTES", "child_rss_bytes"]
+
+# What one pinning child costs beside its region (VmHWM beyond a 256 MiB region, measured by
+# bench/gpu_child_rss_and_foreign_text.sh): --method mlock 14.9 MiB on the CI machine and 17.3 MiB on the
+# H200; register and hostalloc 133.2 MiB on the H200 (the CUDA context's host memory). The headroom check
+# counts it per rank, with some room above the figures measured.
+CHILD_RSS_BYTES = 24 << 20        # an mlock child: an interpreter with json and ctypes loaded
+CHILD_RSS_CUDA_BYTES = 160 << 20  # a child that creates a CUDA context (register, hostalloc, PyTorch)
+
+
+def child_rss_bytes(method: str) -> int:
+    """What one child of this method holds beside its region."""
+    return CHILD_RSS_BYTES if method == "mlock" else CHILD_RSS_CUDA_BYTES
 
 
 class Child:
@@ -96,9 +108,19 @@ def spawn_child(spec: dict, rank: int, run: RunDir, prefix: str, join_files: lis
             with open(path, "w") as fh:
                 fh.write("0")
 
-    proc = subprocess.Popen([sys.executable, "-m", "repro.pinner", json.dumps(spec)], stdin=subprocess.PIPE,
+    python = spec.get("python")
+    if python and python != sys.executable:
+        # the launcher's interpreter: hostpin's directory goes last on its path, so that its own packages
+        # (torch and what torch needs) win over anything installed beside hostpin
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        argv = [python, "-c", "import runpy, sys; sys.path.append(sys.argv.pop(1)); "
+                "runpy.run_module('repro.pinner', run_name='__main__')", here, json.dumps(spec)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+    else:
+        argv, env = [sys.executable, "-m", "repro.pinner", json.dumps(spec)], child_env()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                             stdout=log, stderr=subprocess.STDOUT, pass_fds=(w_fd,), preexec_fn=preexec,
-                            env=child_env())
+                            env=env)
     os.close(w_fd)
     log.close()
     return Child(rank, proc, r_fd, log_rel)

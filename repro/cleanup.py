@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from diag.leftovers import CLEANUP_COMMAND, Leftover, find_leftovers
+from diag.leftovers import CLEANUP_COMMAND, SWAP_RECORDS, Leftover, find_leftovers, owner_alive, owner_pid, swap_records
 
 from .cgroups import remove_dir
 
@@ -35,6 +35,8 @@ class Cleanup:
     def __init__(self):
         self._actions: list[tuple[str, Callable[[], list[str] | None]]] = []
         self.log: list[dict] = []
+        self.interrupted_by: int | None = None
+        self._saved: dict | None = None  # the handlers before signals_raise, given back by run_all
 
     def push(self, what: str, undo: Callable[[], list[str] | None]) -> None:
         self._actions.append((what, undo))
@@ -42,6 +44,8 @@ class Cleanup:
     def run_all(self) -> list[dict]:
         # signals during cleanup must not cut it short
         old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        old.update(self._saved or {})
+        self._saved = None
         try:
             while self._actions:
                 what, undo = self._actions.pop()
@@ -59,15 +63,29 @@ class Cleanup:
 
     @contextmanager
     def signals_raise(self):
+        """The first SIGINT or SIGTERM raises Interrupted; a second one (a double Ctrl-C) is only
+        noted, so that stopping the children and the cleanup are not cut short. The handlers from
+        before come back when run_all() has finished, not before."""
         def handler(signum, frame):
-            raise Interrupted(signum)
+            if self.interrupted_by is None:
+                self.interrupted_by = signum
+                raise Interrupted(signum)
 
         old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._saved = old
         try:
             yield
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            if self._saved is None:  # run_all already ran inside
+                for s, h in old.items():
+                    signal.signal(s, h)
+            else:  # until run_all: a signal now is noted, never raised outside the guarded block
+                for s in old:
+                    signal.signal(s, self._note)
+
+    def _note(self, signum, frame) -> None:
+        if self.interrupted_by is None:
+            self.interrupted_by = signum
 
 
 # -- leftovers of runs that were killed (`hostpin repro cleanup`) ---------------------------------
@@ -97,7 +115,24 @@ def _remove_swap(item: Leftover) -> list[str]:
         pass
     except OSError as exc:
         problems.append(f"cannot remove {item.path}: {exc.strerror}")
+    if not problems:
+        _forget_record(os.path.join(SWAP_RECORDS, os.path.basename(item.path)))
     return problems
+
+
+def _forget_record(record: str) -> None:
+    try:
+        os.unlink(record)
+    except OSError:
+        pass
+
+
+def _prune_records() -> None:
+    """Records of dead runs whose swap file is gone (killed before it was made, or removed by hand)."""
+    for record, path in swap_records().items():
+        pid = owner_pid(os.path.basename(path), "swap")
+        if pid is not None and not owner_alive(pid) and not os.path.lexists(path):
+            _forget_record(record)
 
 
 def _remove_cgroup(item: Leftover) -> list[str]:
@@ -170,6 +205,8 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
             row["action"] = "removed" if not row["problems"] else "could not remove"
             problems += row["problems"]
         rows.append(row)
+    if not dry_run and pids is None:
+        _prune_records()
     dead = [r for r in rows if not r["alive"]]
     if not found:
         verdict = "nothing left by hostpin runs on this node"

@@ -23,9 +23,12 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 
 import click  # noqa: E402
 
+from diag import cliopts  # noqa: E402
 from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
                       json_option, open_run, out_option, unexpected)
+from diag.cliopts import GuardedStream, evidence_exit  # noqa: E402
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
+from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
 
 __all__ = ["main", "cli"]
@@ -38,8 +41,17 @@ def repro():
 
 @repro.command("register")
 @click.option("--size", type=SIZE, required=True, help=f"Bytes to pin per rank ({SIZE_EXAMPLE}).")
-@click.option("--method", type=click.Choice(["register", "hostalloc", "mlock"]), default="register", show_default=True,
-              help="cudaHostRegister of a mapped region, cudaHostAlloc, or mlock (no GPU; the same kernel fault path).")
+@click.option("--method", type=click.Choice(["register", "hostalloc", "mlock", "pin_memory"]), default="register",
+              show_default=True,
+              help="cudaHostRegister of a mapped region, cudaHostAlloc, or mlock (no GPU; the same kernel fault path). "
+                   "With --allocator torch: hostalloc is torch.empty(SIZE, pin_memory=True), register is "
+                   "torch.cuda.cudart().cudaHostRegister of a tensor's storage, pin_memory is Tensor.pin_memory() "
+                   "of the region.")
+@click.option("--allocator", type=click.Choice(["cuda", "torch"]), default="cuda", show_default=True,
+              help="Pin with cuda-bindings (cuda), or through PyTorch in the child (torch; catalog 18).")
+@click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
+              help="With --allocator torch: the interpreter the child runs under, the launcher's (default: "
+                   "hostpin's own); it must import torch.")
 @click.option("--register-flags", type=click.Choice(["default", "readonly", "portable", "mapped"]), default="default",
               show_default=True, help="cudaHostRegister flags (register only).")
 @click.option("--source", default="anon", show_default=True, metavar="anon|shm|file:PATH",
@@ -84,7 +96,7 @@ def repro():
 @json_option
 @out_option
 @json_errors("repro register")
-def register_cmd(size, method, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
+def register_cmd(size, method, allocator, python, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
                  read_rate, make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers,
                  device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out, trace=False):
     """Pin SIZE for real in a child process while a watchdog (diag.watch) shows where the time goes.
@@ -116,11 +128,33 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         if not os.path.isdir(swap_dir):
             raise click.BadParameter(f"{swap_dir!r} is not a directory; give an existing directory on a disk file "
                                      "system (ext4, xfs), e.g. --swap-dir /var/tmp", param_hint="'--swap-dir'")
+        from .swapfile import swap_dir_problem
+        why = swap_dir_problem(swap_dir)
+        if why:
+            raise click.BadParameter(why, param_hint="'--swap-dir'")
+    torch_call = None
+    if allocator == "torch":
+        if method == "mlock":
+            raise click.BadParameter("--allocator torch pins through PyTorch: use hostalloc, register or pin_memory",
+                                     param_hint="'--method'")
+        torch_call = {"hostalloc": "empty", "register": "register", "pin_memory": "pin_memory"}[method]
+        method = "hostalloc" if method == "pin_memory" else method
+        if matrix:
+            raise click.BadParameter("--matrix runs the cuda-bindings methods; give one --method with --allocator "
+                                     "torch", param_hint="'--matrix'")
+    elif method == "pin_memory":
+        raise click.BadParameter("pin_memory is PyTorch's: give --allocator torch", param_hint="'--method'")
+    elif python is not None:
+        raise click.BadParameter("--python goes with --allocator torch", param_hint="'--python'")
+    if python is not None and not os.access(python, os.X_OK):
+        raise click.BadParameter(f"{python!r} is not an executable file; give the launcher's interpreter, e.g. "
+                                 "/opt/venv/bin/python", param_hint="'--python'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
                         interval=interval, force=force, device=device, calibrate=not no_calibrate,
                         register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers,
+                        allocator=allocator, torch_call=torch_call, python=python,
                         trace=trace)
     if trace:
         from diag.watch.traced import refuse_trace_without_root
@@ -138,7 +172,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
         result = run_matrix(opts, run)
         run.finish(result)
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
-        return result["exit_code"]
+        return evidence_exit(run, result["exit_code"])
     from diag.results import ReproRegisterResult, write_result
     bar = ProgressLine()
     try:
@@ -157,7 +191,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
     result["exit_code"] = exit_code_for(result["outcome"])
     data = write_result(run, ReproRegisterResult.from_dict(result))
     click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
-    return result["exit_code"]
+    return evidence_exit(run, result["exit_code"])
 
 
 @repro.command("staging")
@@ -182,7 +216,7 @@ def register_cmd(size, method, register_flags, source, map_, thp, prefault, chun
               help="Seconds to keep watching after the last burst: is the memory returned over time?")
 @click.option("--settle-tolerance", type=SIZE, default="1MiB", show_default=True,
               help="A reading has settled when two in a row, 0.15 s apart, agree within this.")
-@click.option("--settle-max", type=click.FloatRange(min=0.2, max=120), default=3.0, show_default=True,
+@click.option("--settle-max", type=FiniteRange(min=0.2, max=120), default=3.0, show_default=True,
               help="Seconds to wait for a reading to settle; an unsettled one is used and reported as such.")
 @click.option("--force", is_flag=True, help="Run even when MemAvailable is below what the bursts need.")
 @json_option
@@ -224,7 +258,7 @@ def staging_cmd(device, sides_text, nbytes, threads, direction, bursts, order, r
     result.exit_code = exit_code_for(result.outcome)
     doc = write_result(run, result)
     click.echo(_json.dumps(doc, indent=2, default=str) if as_json else render_staging(doc))
-    return result.exit_code
+    return evidence_exit(run, result.exit_code)
 
 
 def _json_error(argv: list[str], message: str, exit_code: int) -> None:
@@ -292,8 +326,13 @@ def main(argv: list[str] | None = None) -> None:
     for s in stops:
         signal.signal(s, _unwind)
     try:
-        _main(args, argv)
+        with guarded_output():  # nothing foreign reaches the terminal raw (diag.safetext)
+            _main(args, argv)
     finally:
+        if _FAILED_STREAMS:  # the interpreter's own flush at exit must not fail again (it would exit 120)
+            for name in _FAILED_STREAMS:
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            _FAILED_STREAMS.clear()
         # no signal came: the caller's handlers come back (a caller in the same process, such as a
         # test, must not keep SIG_IGN, which every child it starts would inherit through exec)
         if not fired:
@@ -301,32 +340,83 @@ def main(argv: list[str] | None = None) -> None:
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
+_FAILED_STREAMS: list[str] = []  # "stdout"/"stderr" that could not be written this command
+
+
 def _main(args: list[str], argv: list[str] | None) -> None:
     # evidence is private: whatever creates a file during the command (a child's log, a stream)
-    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves
-    os.umask(os.umask(0o077) | 0o077)
+    # makes it 0600 at most; files meant to be shared (--prometheus) set their mode themselves.
+    # CMD of `hostpin watch -- CMD` gets the caller's own umask back (diag.watch.launch).
+    cliopts.CALLER_UMASK = os.umask(0o077)
+    os.umask(cliopts.CALLER_UMASK | 0o077)
+    # what cannot be shown (stderr on a full disk, /dev/full, a closed pipe) never changes the answer
+    closed = _reopen_closed_std_fds()
+    streams = sys.stdout, sys.stderr
+    out, err = sys.stdout, sys.stderr = GuardedStream(sys.stdout), GuardedStream(sys.stderr)
+    for fd, stream in ((1, out), (2, err)):
+        if fd in closed:
+            stream.failed = "it is closed"
+    try:
+        code = _run(args, argv)
+        out.flush()
+        if out.failed and code == EXIT_OK and not cliopts.COMMAND_EXIT:  # the result itself was not written
+            click.echo(f"hostpin: error: could not write the output to stdout: {out.failed}", err=True)
+            code = EXIT_UNEVALUATED
+        err.flush()
+    finally:
+        if not (out.failed or err.failed):  # a caller in the same process (a test) gets its streams back
+            sys.stdout, sys.stderr = streams
+        _FAILED_STREAMS.extend(name for name, s in (("stdout", out), ("stderr", err)) if s.failed)
+        cliopts.COMMAND_EXIT = False
+    sys.exit(code)
+
+
+def _reopen_closed_std_fds() -> set[int]:
+    """Started with stdin, stdout or stderr closed (`>&-`), the next file hostpin opens would take
+    its number and receive what is meant for it: each closed one is /dev/null instead."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        new = os.open(os.devnull, os.O_RDWR)
+        if new != fd:
+            os.dup2(new, fd)
+            os.close(new)
+    if 1 in closed:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    if 2 in closed:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+    return closed
+
+
+def _run(args: list[str], argv: list[str] | None) -> int:
+    """The command's exit code, from the one table (diag/exitcodes.py), on every path."""
     try:
         rv = cli.main(args=argv, prog_name="hostpin", standalone_mode=False)
     except click.UsageError as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
         if not getattr(exc, "json_printed", False):
             _json_error(args, exc.format_message(), EXIT_USAGE)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except click.ClickException as exc:
         click.echo(f"hostpin: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("hostpin: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:  # sys.exit(N) from inside a command (the gate's one line, interrupted)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_UNEVALUATED)
     except Exception as exc:  # a bug: still one line, and where; HOSTPIN_DEBUG=1 for the traceback
         if os.environ.get("HOSTPIN_DEBUG"):
             raise
         click.echo(f"hostpin: error: {unexpected(exc, 'internal error')}", err=True)
-        sys.exit(EXIT_UNEVALUATED)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return EXIT_UNEVALUATED
+    return rv if isinstance(rv, int) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -130,6 +130,10 @@ def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
     result["verdict"] = verdict(opts, result)
 
 
+_TORCH_VERBS = {"empty": "allocated by torch.empty(pin_memory=True)", "pin_memory": "pinned by Tensor.pin_memory()",
+                "register": "registered by torch.cuda.cudart().cudaHostRegister"}
+
+
 def _verb(method: str) -> str:
     return {"register": "registered", "hostalloc": "allocated pinned by cudaHostAlloc", "mlock": "locked"}[method]
 
@@ -140,7 +144,8 @@ def verdict(opts, r: dict) -> str:
     progress = r.get("pinned_pages")
     pct = f"{100.0 * progress / r['expected_pages']:.0f}%" if progress is not None and r["expected_pages"] else "?"
     if outcome in ("completed", "slow"):
-        head = f"{size} {_verb(opts.method)} in {format_duration(r['seconds'])} ({r['rate_gib_s']:.2f} GiB/s"
+        verb = _TORCH_VERBS.get(getattr(opts, "torch_call", None)) or _verb(opts.method)
+        head = f"{size} {verb} in {format_duration(r['seconds'])} ({r['rate_gib_s']:.2f} GiB/s"
         if r.get("slowdown") and outcome == "slow":
             times = f"{r['slowdown']:.0f}x" if r["slowdown"] < 1000 else "over 1000x"
             head += f", {times} slower than this node's clean rate"

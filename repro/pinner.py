@@ -49,17 +49,26 @@ class Pinner:
         self.region: Region | None = None
         self.host_ptr: int | None = None
         self.pinned: list[tuple[int, int]] = []  # (addr, size) pinned so far, for the undo
+        self.torch_call = spec.get("torch_call") if spec.get("allocator") == "torch" else None
+        self.torch = None
+        self.tensors: list = []   # PyTorch's pinned tensors, held until the undo
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
         spec = self.spec
-        if self.method in ("register", "hostalloc"):
+        if self.torch_call:
+            t0 = time.monotonic()
+            import torch  # the launcher's interpreter (--python); the parent checked that it imports
+            torch.cuda.init()
+            self.torch = torch
+            emit("cuda_ready", seconds=time.monotonic() - t0, torch_version=torch.__version__)
+        elif self.method in ("register", "hostalloc"):
             from .cudapin import Cuda
             t0 = time.monotonic()
             self.cuda = Cuda(spec.get("device", 0))
             emit("cuda_ready", seconds=time.monotonic() - t0)
         calibration = self.calibrate() if spec.get("calibrate") else None
-        if self.method != "hostalloc":
+        if self.method != "hostalloc" or self.torch_call == "pin_memory":
             writable = spec.get("register_flags") != "readonly"
             if spec["source"] == "uffd":
                 self.region = make_uffd_region(self.size)
@@ -128,7 +137,9 @@ class Pinner:
             while offset < self.size:
                 piece = min(self.chunk, self.size - offset)
                 t0 = time.monotonic()
-                if self.method == "mlock":
+                if self.torch_call:
+                    self.torch_pin(offset, piece)
+                elif self.method == "mlock":
                     mlock_range(self.region.addr + offset, piece)
                     self.pinned.append((self.region.addr + offset, piece))
                 elif self.method == "register":
@@ -145,11 +156,62 @@ class Pinner:
         except Exception as exc:
             emit("pin_failed", seconds=time.monotonic() - t_start, **_describe(exc), chunks=chunks)
             return
-        emit("pin_done", seconds=time.monotonic() - t_start, chunks=chunks)
+        emit("pin_done", seconds=time.monotonic() - t_start, chunks=chunks, **self.torch_stats())
+
+    # -- PyTorch (--allocator torch) -----------------------------------------------------------
+    def _region_tensor(self, offset: int, piece: int):
+        buf = (ctypes.c_uint8 * piece).from_address(self.region.addr + offset)
+        return self.torch.frombuffer(buf, dtype=self.torch.uint8)
+
+    def torch_pin(self, offset: int, piece: int) -> None:
+        torch = self.torch
+        if self.torch_call == "empty":
+            self.tensors.append(torch.empty(piece, dtype=torch.uint8, pin_memory=True))
+        elif self.torch_call == "pin_memory":
+            # a pinned buffer from the caching host allocator, then a copy that reads the source
+            self.tensors.append(self._region_tensor(offset, piece).pin_memory())
+        else:
+            t = self._region_tensor(offset, piece)
+            flags = {"default": 0, "portable": 1, "mapped": 2, "readonly": 8}[self.spec.get("register_flags", "default")]
+            err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), piece, flags)
+            code = int(getattr(err, "value", err))
+            if code:
+                raise TorchCudaError("cudaHostRegister", code, str(err))
+            self.tensors.append(t)
+            self.pinned.append((t.data_ptr(), piece))
+
+    def torch_stats(self) -> dict:
+        """What PyTorch's caching host allocator reports holding (reserved = what it pinned)."""
+        if self.torch is None or self.torch_call == "register":
+            return {}
+        out = {"torch_version": self.torch.__version__}
+        try:
+            stats = self.torch.cuda.host_memory_stats()
+            out["torch_host_reserved_bytes"] = stats.get("reserved_bytes.current")
+            out["torch_host_allocated_bytes"] = stats.get("allocated_bytes.current")
+        except Exception as exc:  # older releases have no host_memory_stats
+            out["torch_host_stats_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+
+    def torch_undo(self) -> list[str]:
+        errors = []
+        if self.torch_call == "register":
+            for addr, _ in reversed(self.pinned):
+                err = self.torch.cuda.cudart().cudaHostUnregister(addr)
+                if int(getattr(err, "value", err)):
+                    errors.append(f"cudaHostUnregister: {err}")
+        self.pinned.clear()
+        self.tensors.clear()
+        empty = getattr(self.torch._C, "_host_emptyCache", None)
+        if empty is not None:  # the freed blocks stay pinned in the cache until this
+            empty()
+        return errors
 
     def undo(self) -> None:
         t0 = time.monotonic()
         errors = []
+        if self.torch is not None:
+            errors = self.torch_undo()
         for addr, size in reversed(self.pinned):
             try:
                 if self.method == "mlock":
@@ -165,6 +227,14 @@ class Pinner:
             self.region.close()
             self.region = None
         emit("unpin_done", seconds=time.monotonic() - t0, errors=errors)
+
+
+class TorchCudaError(RuntimeError):
+    """A CUDA runtime call through torch.cuda.cudart() that did not return cudaSuccess."""
+
+    def __init__(self, call: str, code: int, name: str):
+        super().__init__(f"{call}: {name} ({code})")
+        self.call, self.code, self.name = call, code, name.split(".")[-1]
 
 
 def _describe(exc: BaseException) -> dict:

@@ -62,6 +62,9 @@ def existing_file_flags(path: str, size: int, method: str, register_flags: str, 
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        if os.path.islink(path):  # the run would create the file at wherever the link points
+            raise FileSourceError(f"--source file:{path} is a link to nothing ({os.readlink(path)}); give a data "
+                                  "file, or a new path for the run to create") from None
         return register_flags
     except OSError as exc:
         raise FileSourceError(f"--source file:{path}: {exc.strerror}") from None

@@ -9,6 +9,7 @@ on every exit path. What the run came to is repro.outcome's.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,7 @@ from diag.leftovers import cgroup_name
 from diag.watch.traced import reproduction_budgets, start_trace
 
 from .cgroups import CgroupError, RunCgroup, block_device_for, file_device
-from .children import Child, kill_and_wait, spawn_child
+from .children import Child, child_rss_bytes, kill_and_wait, spawn_child
 from .cleanup import Cleanup, Interrupted, leftovers_refusal
 from .filecache import FileCacheError, evict
 from .outcome import OUTCOMES, SLOW_FACTOR, exit_code_for, failure_catalog, summarize
@@ -37,7 +38,7 @@ from .region import FileSourceError, existing_file_flags
 from .supervisor import Supervisor
 from .swapfile import SwapError, SwapFile, active_swaps
 
-__all__ = ["ReproOptions", "run_repro", "exit_code_for", "SLOW_FACTOR", "OUTCOMES", "failure_catalog",
+__all__ = ["ReproOptions", "check_torch", "run_repro", "exit_code_for", "SLOW_FACTOR", "OUTCOMES", "failure_catalog",
            "throttle_devices"]
 
 SETUP_TIMEOUT_S = 180.0   # CUDA context creation and calibration
@@ -78,6 +79,10 @@ class ReproOptions:
     prefault_threads: int = field(default_factory=lambda: max(1, min(16, os.cpu_count() or 1)))
     margin: str = "5%"
     ignore_leftovers: bool = False
+    allocator: str = "cuda"          # torch: the child pins through PyTorch (catalog 18)
+    torch_call: str | None = None    # empty | pin_memory | register (torch.cuda.cudart().cudaHostRegister)
+    python: str | None = None        # the interpreter the child runs under (the launcher's, with torch)
+    torch_version: str | None = None  # what that interpreter's torch says it is (checked before the run)
     trace: bool = False                # --trace: the kernel tracer measures the pin's time budget
 
     @property
@@ -92,8 +97,35 @@ class ReproOptions:
     def throttle_rate(self) -> int | None:
         return self.read_rate or self.swap_in_rate
 
+    @property
+    def torch_request(self):
+        """What PyTorch asks the driver for per rank (diag.torchalloc), for --allocator torch."""
+        if self.allocator != "torch":
+            return None
+        from diag import torchalloc
+        return torchalloc.plan_request(self.size, self.chunk, version=self.torch_version,
+                                       version_source="the child's interpreter",
+                                       confs=torchalloc.conf_from_env(os.environ),
+                                       conf_source="hostpin's environment (the child inherits it)")
+
+    @property
+    def driver_method(self) -> str:
+        """How the driver pins: PyTorch's settings decide for torch.empty and Tensor.pin_memory()
+        (pinned_use_cuda_host_register: malloc + cudaHostRegister, pins outstanding, else cudaHostAlloc)."""
+        if self.allocator == "torch" and self.torch_call != "register":
+            return self.torch_request.method
+        return self.method
+
+    @property
+    def pinned_size(self) -> int:
+        """Per rank, what the driver pins: the size, or PyTorch's rounded request."""
+        if self.allocator == "torch" and self.torch_call != "register":
+            return self.torch_request.request_bytes
+        return self.size
+
     def child_spec(self) -> dict:
         return {"size": self.size, "method": self.method, "register_flags": self.register_flags,
+                "allocator": self.allocator, "torch_call": self.torch_call, "python": self.python,
                 "source": self.source, "map": self.map, "thp": self.thp, "chunk": self.chunk,
                 "device": self.device, "calibrate": self.calibrate, "register_twice": self.register_twice,
                 "prefault_threads": self.prefault_threads,
@@ -101,11 +133,21 @@ class ReproOptions:
 
 
 def validate(opts: ReproOptions) -> None:
+    if opts.allocator == "torch":
+        if opts.torch_call not in ("empty", "pin_memory", "register"):
+            raise ReproUsageError("--allocator torch takes --method hostalloc (torch.empty(..., pin_memory=True)), "
+                                  "pin_memory (Tensor.pin_memory() of a region) or register "
+                                  "(torch.cuda.cudart().cudaHostRegister of a tensor's storage)")
+        if opts.register_twice:
+            raise ReproUsageError("--register-twice goes with --allocator cuda")
+        opts.calibrate = False  # the calibration pins through cuda-bindings, which the launcher's python may lack
+    elif opts.torch_call is not None or opts.python is not None:
+        raise ReproUsageError("--method pin_memory and --python go with --allocator torch")
     if opts.swap_out is not None:
         if opts.swap_out > opts.size:
             raise ReproUsageError(f"--swap-out {format_bytes(opts.swap_out)} is larger than --size "
                              f"{format_bytes(opts.size)}; push at most the region out")
-        if opts.method == "hostalloc":
+        if opts.method == "hostalloc" and opts.torch_call != "pin_memory":
             raise ReproUsageError("--swap-out does not apply to --method hostalloc (the driver allocates its own "
                              "pages, which are never swapped)")
         if opts.source not in ("anon", "shm"):
@@ -125,13 +167,35 @@ def validate(opts: ReproOptions) -> None:
     if opts.read_rate and opts.swap_in_rate and opts.read_rate != opts.swap_in_rate:
         raise ReproUsageError("--read-rate and --swap-in-rate differ; give one (--swap-in-rate is --read-rate for "
                               "a region in swap)")
-    if opts.read_rate and opts.method == "hostalloc":
+    if opts.read_rate and opts.method == "hostalloc" and opts.torch_call != "pin_memory":
         raise ReproUsageError("--read-rate does not apply to --method hostalloc (the driver's pages are never read "
                               "from a device)")
     if opts.read_rate and opts.file_path and not os.path.isfile(opts.file_path):
         raise ReproUsageError(f"--read-rate with --source file:PATH needs an existing file with data on disk: "
                               f"{opts.file_path} does not exist (a file this run created would be sparse, and "
                               "reading it touches no disk)")
+
+
+TORCH_CHECK_TIMEOUT_S = 120.0  # importing torch reads hundreds of MiB of libraries from a cold disk
+
+
+def check_torch(python: str) -> str:
+    """torch.__version__ as PATH's interpreter imports it (never in this process). ReproError
+    "PyTorch is not importable by PATH" when it cannot."""
+    import subprocess
+    try:
+        proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                              text=True, timeout=TORCH_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ReproError(f"PyTorch is not importable by {python}: `import torch` took more than "
+                         f"{TORCH_CHECK_TIMEOUT_S:.0f} s") from None
+    except OSError as exc:
+        raise ReproError(f"PyTorch is not importable by {python}: {exc.strerror or exc}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ReproError(f"PyTorch is not importable by {python}: {last}; give --python the launcher's "
+                         "interpreter (the one that has torch)")
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "unknown"
 
 
 def throttle_devices(opts: ReproOptions, swaps: list[str]) -> list[str]:
@@ -155,8 +219,12 @@ def throttle_devices(opts: ReproOptions, swaps: list[str]) -> list[str]:
 
 def safety(opts: ReproOptions) -> dict | None:
     """A refusal (with the numbers) when the node cannot take the run, else None."""
-    plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.method, thp=opts.thp, margin=opts.margin,
-                chunk_bytes=opts.chunk)
+    req = opts.torch_request
+    plan = Plan(size_bytes=opts.size, ranks=opts.ranks, method=opts.driver_method, thp=opts.thp, margin=opts.margin,
+                chunk_bytes=opts.chunk, allocator=opts.allocator,
+                torch=req.to_dict() if req is not None and opts.torch_call != "register" else None,
+                # each child's own RSS, and for Tensor.pin_memory() the source resident beside its pinned copy
+                reserve_bytes=child_rss_bytes(opts.driver_method) + (opts.size if opts.torch_call == "pin_memory" else 0))
     ctx = Context(Root("/"), plan, sample_s=0)
     verdict = headroom(ctx)
     if verdict.status in (FAIL, WARN):
@@ -179,9 +247,22 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
     result: dict[str, Any] = {
         "tool": "hostpin", "command": "repro register", "options": asdict(opts), "run_dir": str(run.path),
         "outcome": None, "bound": None, "seconds": None, "rate_gib_s": None, "pinned_pages": None,
-        "expected_pages": opts.size // page * opts.ranks, "page_size": page, "first_bound_at_s": None,
+        "expected_pages": opts.pinned_size // page * opts.ranks, "page_size": page, "first_bound_at_s": None,
         "eta_error": None, "ranks": [], "notes": [],
     }
+    if opts.allocator == "torch":
+        opts.torch_version = check_torch(opts.python or sys.executable)
+        result["options"]["torch_version"] = opts.torch_version
+        req = opts.torch_request
+        result["torch"] = req.to_dict()
+        call = {"empty": "torch.empty(pin_memory=True)", "pin_memory": "Tensor.pin_memory()",
+                "register": "torch.cuda.cudart().cudaHostRegister"}[opts.torch_call]
+        result["notes"].append(
+            f"through PyTorch {opts.torch_version} ({opts.python or sys.executable}): {call} of "
+            f"{format_bytes(opts.size)} per rank" + (" registers exactly that (a tensor over the region)"
+                                                      if opts.torch_call == "register" else
+                                                      f" asks the driver for {format_bytes(req.request_bytes)} "
+                                                      f"({'; '.join(req.rules)})"))
     if opts.uses_gpu and not read_nvidia(Root("/")).loaded:
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: --method "
                       f"{opts.method} needs one; --method mlock reproduces the kernel side without a GPU")
@@ -258,7 +339,7 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     for rank in range(opts.ranks):
         join = cgroups[rank].join_files() if cgroups[rank] else []
         children.append(spawn_child(spec, rank, run, prefix, join))
-    sup = Supervisor(run, prefix, children, opts.method, opts.size * opts.ranks, interval=opts.interval,
+    sup = Supervisor(run, prefix, children, opts.driver_method, opts.pinned_size * opts.ranks, interval=opts.interval,
                      stall_after=opts.stall_after, deadline=opts.deadline, on_tick=on_tick)
     state["sup"] = sup
     tracer = start_trace(run, sup.pids, sup.t0, result["notes"], devices=disks) if opts.trace else None

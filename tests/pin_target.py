@@ -13,7 +13,7 @@ It uses nothing of hostpin (ctypes and, for register/hostalloc, cuda.bindings), 
     quit                   (stdin) unpin and exit with --exit-code
 
 --join writes this process's pid into each cgroup.procs file before anything is allocated,
-so the caller can limit, reclaim and throttle it (tests and bench/gpu_issue10.sh do).
+so the caller can limit, reclaim and throttle it (tests and bench/gpu_watch_attach.sh do).
 """
 from __future__ import annotations
 

@@ -215,7 +215,8 @@ def test_relay_with_a_max_age_that_is_not_a_number_is_unknown(tmp_path):
     (["--root", str(FIXTURES / "h200-reference"), "--size", "60GiB", "--ranks", "2", "--method", "hostalloc"],
      2, "hostpin: not evaluated:"),
     (["--root", str(FIXTURES / "h200-staging")], 2, "hostpin: not evaluated:"),
-    (["--no-cuda", "--out", "/proc/hostpin-cannot-write-here"], 2, "hostpin: not evaluated: cannot create"),
+    # issue 19: judged first, whatever could be written: this machine has no NVIDIA driver, a problem (1)
+    (["--no-cuda", "--out", "/proc/hostpin-cannot-write-here"], 1, "hostpin: driver: no NVIDIA driver"),
 ])
 def test_preflight_format_npd_obeys_the_plugin_contract(tmp_path, args, code, says):
     if "--out" not in args:

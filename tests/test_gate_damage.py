@@ -199,7 +199,7 @@ def test_a_page_size_the_tree_does_not_say_is_not_assumed_where_it_decides(tree)
 def test_a_snapshot_of_another_boot_is_judged_as_the_live_node_was():
     """Held out: `hostpin snapshot` on the H200 on 2026-12-01 (another VM boot, kernel
     6.18.44-fc-v973-gpu, recorded with this version: every cgroup level's files). Live, preflight
-    said PASS for 2 x 47.2 GiB by register (bench/gpu_issue9.sh); read back it says the same, and
+    said PASS for 2 x 47.2 GiB by register (bench/gpu_pin_accounting.sh); read back it says the same, and
     600 GiB fails on headroom and on the driver's per-call limit."""
     snap = GPU_SNAPSHOT.parent / "h200-fc-snapshot-1201"
     checks, result = evaluate(snap, size_bytes=int(47.2 * G), ranks=2)

@@ -29,3 +29,11 @@ def test_the_issues_ten_are_there():
     assert {"failure-catalog-nothing", "margin-size-ignored", "swapin-rate-zero", "v1-hierarchical-ignored",
             "swap-exposure-ignores-plan", "verdict-drops-catalog", "dead-child-not-oom", "garbled-probe-ok",
             "crash-is-skip", "hostalloc-uncharged"} <= names
+
+
+def test_issue_23s_nine_and_twenty_are_there():
+    names = {m.name for m in mutations.MUTATIONS}
+    assert {"cgroup-margin-of-memtotal", "pools-major-only", "v1-memsw-equal-can-swap", "v1-local-inactive-file",
+            "zoneinfo-4k-pages", "reclaim-entries-swapped", "eta-swap-counted-twice", "bundle-follows-run-link",
+            "swapon-failure-leaves-file"} <= names
+    assert len(names) == len(mutations.MUTATIONS) >= 13 + 9 + 20

@@ -112,3 +112,65 @@ def test_readme_preflight_output_is_what_the_command_prints(tmp_path):
         assert line in printed, f"README shows {line!r}; preflight printed:\n{r.stdout}"
     assert len([p for p in printed if p[:4] in ("PASS", "WARN", "FAIL", "SKIP", "ERRO")]) == \
         len([s for s in shown if s[:4] in ("PASS", "WARN", "FAIL", "SKIP", "ERRO")])
+
+
+def test_sudo_in_the_readme_names_the_venvs_command(tmp_path):
+    """sudo resets PATH (secure_path), so the activated venv's `hostpin` is not found under it:
+    every sudo line names the venv's command, and that command runs with sudo's PATH."""
+    bare = [line for line in README.splitlines() if re.search(r"\bsudo hostpin\b", line)]
+    assert not bare, bare
+    assert "sudo .venv/bin/hostpin" in README
+    command = Path(sys.executable).parent / "hostpin"  # what `pip install` put in the venv
+    r = subprocess.run([str(command), "--version"], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "hostpin" in r.stdout, r.stderr
+
+
+def test_the_readme_alert_rules_fire_on_what_they_say(tmp_path):
+    """The Prometheus rules shown, evaluated on the textfiles of two real runs: one that fails its
+    plan (status 2) and one that cannot be evaluated (status 4, a damaged meminfo). "Cannot pin"
+    is for the first only; the second has its own alert."""
+    yaml = pytest.importorskip("yaml")
+    block = re.search(r"### Monitoring.*?```yaml\n(.*?)```", README, re.S).group(1)
+    rules = {r["alert"]: r for g in yaml.safe_load(block)["groups"] for r in g["rules"]}
+    tree = tmp_path / "damaged"
+    (tree / "proc").mkdir(parents=True)
+    (tree / "sys").mkdir()
+    (tree / "proc" / "meminfo").write_text("MemTotal: garbage\n")
+    runs = {"fail": ["--size", "100TiB", "--method", "mlock", "--no-cuda"],
+            "not evaluated": ["--root", str(tree), "--size", "1GiB"]}
+    statuses = {}
+    for name, args in runs.items():
+        prom = tmp_path / f"{name.replace(' ', '-')}.prom"
+        subprocess.run([sys.executable, "-m", "repro.cli", "preflight", *args, "--prometheus", str(prom),
+                        "--out", str(tmp_path / "runs")], cwd=REPO, capture_output=True, timeout=120,
+                       env={**os.environ, "HOSTPIN_CONFIG": "none"})
+        statuses[name] = float(re.search(r"^hostpin_preflight_status\{.*\} (\S+)$", prom.read_text(), re.M).group(1))
+    assert statuses == {"fail": 2.0, "not evaluated": 4.0}
+
+    def fires(rule: str, value: float) -> bool:
+        metric, op, threshold = re.fullmatch(r"(\w+) (==|>=|>|<=|<) (\S+)", rules[rule]["expr"]).groups()
+        assert metric == "hostpin_preflight_status"
+        t = float(threshold)
+        return {"==": value == t, ">=": value >= t, ">": value > t, "<=": value <= t, "<": value < t}[op]
+
+    assert "cannot pin" in rules["HostpinPreflightFailing"]["annotations"]["summary"]
+    assert fires("HostpinPreflightFailing", statuses["fail"])
+    assert not fires("HostpinPreflightFailing", statuses["not evaluated"])
+    assert fires("HostpinPreflightNotEvaluated", statuses["not evaluated"])
+    assert not fires("HostpinPreflightNotEvaluated", statuses["fail"])
+
+
+def test_what_the_examples_write_is_ignored_by_git():
+    """Run from a clone, the examples leave their outputs there (--out, -o, --dir, and hostpin-runs/
+    by default): git must not list them as untracked files."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git clone")
+    outputs = {"hostpin-runs/x"}
+    for command in _examples():
+        for flag, value in re.findall(r"(--out|-o|--dir)\s+(\S+)", command):
+            outputs.add(f"{value}/x" if flag in ("--out", "--dir") else value)
+    assert {"snapshots/x", "swap32.tar.gz", "ci.tar.gz", "fleet/x"} <= outputs
+    r = subprocess.run(["git", "check-ignore", "--no-index", *sorted(outputs)], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert set(r.stdout.split()) == outputs, f"not ignored: {sorted(outputs - set(r.stdout.split()))}"

@@ -467,7 +467,7 @@ def test_a_driver_allocation_is_seen_without_a_stack(mapped_as_it_goes):
 
 
 def test_a_pin_stuck_faulting_on_the_h200_is_seen_and_stalls():
-    """Recorded on the H200 (bench/gpu_issue10.sh case B): cudaHostRegister of a 16 GiB MAP_PRIVATE
+    """Recorded on the H200 (bench/gpu_watch_attach.sh case B): cudaHostRegister of a 16 GiB MAP_PRIVATE
     file with its page cache dropped and reads throttled to 280 MB/s. The registering thread ran
     in the kernel for 200 s (R: no stack, no system call readable), faulting ~840k times a second,
     while nothing was read, RSS stayed flat and pins outstanding did not move. The watch of that
@@ -501,7 +501,7 @@ def test_the_stuck_registration_is_a_stall_for_repro_too():
 
 
 def test_a_pin_ends_where_its_undo_begins_h200_hostalloc():
-    """Recorded on the H200 (bench/gpu_issue10.sh case C, 2026-12-01): `hostpin watch -- CMD` around
+    """Recorded on the H200 (bench/gpu_watch_attach.sh case C, 2026-12-01): `hostpin watch -- CMD` around
     a 47 GiB cudaHostAlloc that took 19.3 s by the target's own clock, then cudaFreeHost. The thread
     stayed in the kernel through the free, so the watch of the day ran the phase on to 24.0 s and
     said "pinned 47 GiB ... allocated and zeroed -1.5 GiB", done 0%. Replayed now: the free (its

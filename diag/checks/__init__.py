@@ -8,6 +8,9 @@ into the run's evidence, and shared with the run's node facts. The gate fails cl
 - a needed reading missing from a captured tree is "not captured": `error` where the check's
   answer decides the verdict (it can fail this plan, or warn under --strict), else `skip`;
 - a reading the live node does not have (a kernel feature that is off) is the check's to judge.
+
+This package is the registry the check modules import; it imports none of them.
+diag.checks.suite imports every check module and lists them (`all_checks`).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..rootfs import Root
 from .. import vmstat
 
 __all__ = ["PASS", "WARN", "FAIL", "SKIP", "ERROR", "STATUS_ORDER", "Verdict", "Check", "Plan", "Context",
-           "register", "all_checks", "METHODS", "never"]
+           "register", "METHODS", "never"]
 
 PASS, WARN, FAIL, SKIP, ERROR = "pass", "warn", "fail", "skip", "error"
 STATUS_ORDER = {ERROR: 0, FAIL: 1, WARN: 2, PASS: 3, SKIP: 4}
@@ -69,7 +72,8 @@ class Check:
                                "hostpin bug worth a report", evidence={"damaged_fact": fact}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE) and self.decides(ctx):
                 return Verdict(ERROR, f"{state}: {what}; this check decides the verdict for this plan",
-                               f"capture it (hostpin snapshot, as root), or accept the gap with --skip {self.id}",
+                               _GAP_REMEDY.get(fact, f"capture it (hostpin snapshot, as root), or accept the gap "
+                                                     f"with --skip {self.id}"),
                                evidence={"missing_fact": fact, "state": state}, missing=[what])
             if state in (NOT_CAPTURED, UNREADABLE):
                 return Verdict(SKIP, f"{state}: {what}", evidence={"missing_fact": fact, "state": state},
@@ -88,6 +92,12 @@ class Check:
 
 _REGISTRY: list[Check] = []
 
+# a gap that an option fills while the check still runs: --skip would drop the whole check
+_GAP_REMEDY = {
+    "cgroup": "capture it (hostpin snapshot, as root), name the pinner's memory cgroup with --cgroup PATH, or say "
+              "it runs in none with --cgroup none (the check still judges MemAvailable)",
+}
+
 
 def never(plan: "Plan") -> bool:
     return False
@@ -100,11 +110,6 @@ def register(id: str, title: str, needs: tuple[str, ...] = (), catalog: tuple[in
         _REGISTRY.append(Check(id, title, needs, catalog, func, can_fail, can_warn, dict(absent or {}), uses))
         return func
     return wrap
-
-
-def all_checks() -> list[Check]:
-    from . import cotenants, fragmentation, leftovers, memory, platform  # noqa: F401  (registration on import)
-    return list(_REGISTRY)
 
 
 @dataclass
@@ -121,13 +126,24 @@ class Plan:
     margin: str = "5%"               # of MemTotal, or a size
     reserve_bytes: int = 0           # per rank, beyond the table (e.g. measured staging memory)
     file: str | None = None          # the table's file, for --source file (its file system decides catalog 9)
+    allocator: str = "cuda"          # cuda: the launcher calls CUDA itself; torch: through PyTorch (catalog 18)
+    torch: dict | None = None        # diag.torchalloc.TorchRequest.to_dict() when allocator is torch
+
+    @property
+    def pinned_bytes(self) -> int | None:
+        """Per rank, what the driver is asked to pin: the size, or what PyTorch rounds it to."""
+        if self.torch and self.size_bytes:
+            return self.torch["request_bytes"]
+        return self.size_bytes
 
     @property
     def total_bytes(self) -> int | None:
-        return self.size_bytes * self.ranks if self.size_bytes else None
+        return self.pinned_bytes * self.ranks if self.size_bytes else None
 
     @property
     def per_call_bytes(self) -> int | None:
+        if self.torch and self.size_bytes:
+            return self.torch["per_call_bytes"]
         if self.chunk_bytes and self.size_bytes:
             return min(self.chunk_bytes, self.size_bytes)
         return self.size_bytes
@@ -141,6 +157,9 @@ class Plan:
         if not self.size_bytes:
             return f"no size given (--size): node state only, method {self.method}"
         chunk = f", chunks of {format_bytes(self.chunk_bytes)}" if self.chunk_bytes else ""
+        if self.torch:
+            return (f"{self.ranks} x {format_bytes(self.size_bytes)} through PyTorch, {format_bytes(self.pinned_bytes)} "
+                    f"pinned each by {self.method}{chunk}")
         return f"{self.ranks} x {format_bytes(self.size_bytes)} by {self.method}{chunk}"
 
 

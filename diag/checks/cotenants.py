@@ -28,10 +28,8 @@ def gpu_processes(ctx: Context) -> dict:
         if probe and probe.get("error"):
             smi["nvml_error"] = probe["error"]
         return smi
-    text = None
-    commands = ctx.root.path.parent / "commands" / "nvidia-smi-apps.txt"
-    if commands.is_file() and not commands.is_symlink():
-        text = commands.read_bytes()[: 1 << 20].decode(errors="replace")
+    data = ctx.root.beside("commands/nvidia-smi-apps.txt", limit=1 << 20)
+    text = data.decode(errors="replace") if data is not None else None
     if text is None:
         return {"source": None, "error": "GPU processes not captured (no NVML result in probes/cuda.json, "
                                          "no commands/nvidia-smi-apps.txt)"}

@@ -10,14 +10,23 @@ from .. import catalog
 from ..process import parse_status
 from ..swap import RATE_PAGE_BYTES, swapin_rate
 from ..units import GiB, MiB, format_bytes, format_duration, parse_size
-from . import FAIL, PASS, SKIP, WARN, Context, Verdict, register
+from . import ERROR, FAIL, PASS, SKIP, WARN, Context, Verdict, register
 
 # Memory the cgroup is charged beyond the region per pinned page, GPU methods: a touched 4 GiB
 # cudaHostAlloc raised memory.current by 4,113 MiB on the H200 (580.159.04, kernel 6.18, fresh child
 # cgroup): 17 MiB over 1,048,576 pages, mostly the mapping's page tables. The driver's own
 # 48 B/page (catalog.DRIVER_BYTES_PER_PAGE) is vmalloc'd without __GFP_ACCOUNT and is not charged;
-# it comes out of MemAvailable. bench/gpu_issue9.sh re-measures both for both methods.
+# it comes out of MemAvailable. bench/gpu_pin_accounting.sh re-measures both for both methods.
 CGROUP_BYTES_PER_PAGE = 17
+
+# Dirty and writeback page cache is reclaimable only once written: counted in the headroom at this
+# assumed rate, which the verdict names with the time it takes. 100 MiB/s is below the baseline
+# of a general-purpose cloud volume (AWS gp3 125 MiB/s) and far below any local NVMe, so a node's
+# real disk writes at least this fast (the CI VM's virtio disk wrote 1 GiB, fsync'ed, at 100 MiB/s:
+# the first step of bench/gpu_cgroup_pagecache_headroom.sh). A pin that must wait longer than
+# WRITEBACK_WARN_S for it warns.
+WRITEBACK_RATE = 100 * MiB
+WRITEBACK_WARN_S = 10.0
 
 # swap in use below this is noise (a few idle daemons' pages), above it the node has been pushing
 # anonymous memory out and can push a new region out too
@@ -46,7 +55,7 @@ def plan_need(ctx: Context) -> Need | None:
     plan = ctx.plan
     if not plan.size_bytes:
         return None
-    pages = -(-plan.size_bytes // ctx.page_size) * plan.ranks
+    pages = -(-plan.pinned_bytes // ctx.page_size) * plan.ranks
     tables = pages * catalog.DRIVER_BYTES_PER_PAGE if plan.uses_gpu else 0
     cg_extra = pages * CGROUP_BYTES_PER_PAGE if plan.uses_gpu else 0
     reserve = plan.reserve_bytes * plan.ranks
@@ -101,17 +110,30 @@ def _cgroup_evidence(ctx: Context) -> dict | None:
             "hierarchical_limit_bytes": cg.hierarchical_limit_bytes, "can_swap": cg.can_swap,
             "levels": [{"dir": lv.dir, "limit_bytes": lv.limit_bytes, "high_bytes": lv.high_bytes,
                         "usage_bytes": lv.usage_bytes, "inactive_file_bytes": lv.inactive_file_bytes,
+                        "active_file_bytes": lv.active_file_bytes, "dirty_bytes": lv.dirty_bytes,
+                        "writeback_bytes": lv.writeback_bytes, "anon_bytes": lv.anon_bytes,
+                        "shmem_bytes": lv.shmem_bytes, "swappiness": lv.swappiness,
                         "working_set_bytes": lv.working_set_bytes, "headroom_bytes": lv.headroom_bytes,
                         "inferred": lv.inferred} for lv in cg.levels],
             "events": cg.events, "files_not_read": cg.missing[:20]}
 
 
 @register("headroom", "Memory headroom for the plan, as the pinning process's cgroup sees it",
-          needs=("meminfo", "cgroup"), catalog=(8, 12, 16))
+          needs=("meminfo", "cgroup"), catalog=(8, 12, 16, 18))
 def headroom(ctx: Context) -> Verdict:
     m, plan = ctx.meminfo, ctx.plan
     if m.available_bytes is None or m.total_bytes is None:
-        return Verdict(SKIP, "MemAvailable is missing (kernel < 3.14)")
+        # no MemAvailable line (kernel < 3.14, or a runtime that rewrites meminfo) and no zoneinfo
+        # watermarks to estimate it from as the kernel does: the node's headroom is not known
+        lacking = [k for k in ("MemFree", "Active(file)", "Inactive(file)") if k not in m.raw]
+        why = (f"{ctx.root.display('proc/meminfo')} has no {', '.join(lacking)} line" if lacking else
+               f"{ctx.describe('zoneinfo')} does not give the zones' watermarks and lowmem reserves"
+               if ctx.state("zoneinfo") != "ok" else
+               f"{ctx.root.display('proc/zoneinfo')} lacks a zone's low, high, managed or protection line")
+        return Verdict(ERROR, "MemAvailable is missing (kernel < 3.14, or a runtime that rewrites /proc/meminfo) and "
+                              f"cannot be estimated as the kernel does: {why}",
+                       "capture /proc/zoneinfo with /proc/meminfo (hostpin snapshot), or --skip headroom to accept "
+                       "the gap", missing=[ctx.root.display("proc/meminfo")])
     r = room(ctx)
     need = plan_need(ctx)
     cg = ctx.cgroup
@@ -126,10 +148,16 @@ def headroom(ctx: Context) -> Verdict:
                 "pages show as Shmem/RssShmem, both methods in pins outstanding (nr_foll_pin_acquired - "
                 "nr_foll_pin_released); after launch watch MemAvailable, never locked memory.",
     }
-    where = ("MemAvailable" if r.binding == "MemAvailable" else
+    estimated = m.available_estimate is not None
+    if estimated:
+        ev["mem_available_estimate"] = m.available_estimate
+    where = (("MemAvailable (no MemAvailable line: " + m.available_estimate["source"] + ")"
+              if estimated else "MemAvailable") if r.binding == "MemAvailable" else
              f"cgroup v{cg.version} {ctx.root.display(r.binding_dir)} (limit {format_bytes(cg.binding.limit_bytes)} - "
-             f"working set {format_bytes(cg.binding.working_set_bytes)})")
+             f"working set {format_bytes(cg.binding.working_set_bytes)}, its page cache counted as reclaimable)")
     ev["binding_text"] = where
+    reclaim = _cgroup_reclaim(ctx, need.cgroup_bytes if need else 0)
+    ev["cgroup_reclaim"] = reclaim
     predicted = [16] if plan.uses_gpu else []
     if need is None:
         left = max(0, r.available_bytes - r.margin_bytes)
@@ -150,26 +178,122 @@ def headroom(ctx: Context) -> Verdict:
     extra = f" + {format_bytes(need.reserve_bytes)} reserved" if need.reserve_bytes else ""
     head = (f"need {format_bytes(r.need_bytes)} ({plan.describe()}{extra}) against {where} "
             f"{format_bytes(r.available_bytes)}")
+    if plan.torch:
+        # catalog 18: what PyTorch asks the driver for, not what the launcher asked PyTorch for
+        ev["torch"] = plan.torch
+        head = (f"{format_bytes(plan.size_bytes)} asks PyTorch for {format_bytes(plan.pinned_bytes)} pinned: "
+                f"{plan.ranks} x {format_bytes(plan.pinned_bytes)} (need {format_bytes(r.need_bytes)}{extra}) "
+                f"against {where} {format_bytes(r.available_bytes)}")
+        if catalog.entry(18).condition(catalog.Facts(allocator=plan.allocator,
+                                                     torch_rounding_bytes=plan.pinned_bytes - plan.size_bytes)):
+            predicted.append(18)
     if r.need_bytes > r.available_bytes:
         remedy = (f"free {format_bytes(r.need_bytes + r.margin_bytes - r.available_bytes)} or shrink the plan: at "
                   f"most {format_bytes(per_rank_fit)} per rank fits with the margin")
+        if plan.torch:
+            remedy += _torch_remedy(plan, per_rank_fit)
         if r.binding == "cgroup":
             remedy += (f"; or raise {'memory.max' if cg.version == 2 else 'memory.limit_in_bytes'} of "
                        f"{ctx.root.display(r.binding_dir)} (every method is charged there: registered pages as the region's own, "
                        "cudaHostAlloc pages as shmem)")
-        return Verdict(FAIL, head + ": it does not fit; the region would be swapped out or OOM-killed", remedy, ev,
-                       predicted)
+        fate = "the region would be swapped out or OOM-killed"
+        if r.binding == "cgroup" and reclaim:
+            short = r.need_bytes - r.available_bytes
+            if reclaim["can_swap"] and reclaim["swappable_bytes"] >= short:
+                pred = swap_prediction(ctx, short)
+                ev["cgroup_swap_prediction"] = pred
+                # measured on the CI VM (v1, a swap file, tests/test_cgroup_reclaim_live.py): of 3 pins past
+                # the page cache, 2 were OOM-killed with 0.8-2 MiB swapped out (reclaim gave up while the
+                # swap-out was in flight) and 1 completed with 161 MiB of the other process swapped out
+                fate = (f"after all {format_bytes(reclaim['page_cache_bytes'])} of the cgroup's page cache, "
+                        f"{format_bytes(short)} of its anonymous and shmem memory goes to swap (swap is allowed "
+                        f"there), or the kernel OOM-kills when reclaim gives up before that swap-out completes; "
+                        f"reading it back takes {format_duration(pred['predicted_pin_seconds'])} at "
+                        f"{pred['rate_pages_per_s']:,.0f} pages/s ({pred['device_kind']})")
+            else:
+                fate = (f"after all {format_bytes(reclaim['page_cache_bytes'])} of the cgroup's page cache nothing "
+                        "else can be reclaimed (" + ("it cannot swap: " + reclaim["no_swap_reason"]
+                                                     if not reclaim["can_swap"] else
+                                                     f"only {format_bytes(reclaim['swappable_bytes'])} could go to swap")
+                        + "): the kernel OOM-kills in the cgroup")
+        return Verdict(FAIL, head + f": it does not fit; {fate}", remedy, ev, predicted)
+    evicts = ""
+    if r.binding == "cgroup" and reclaim and reclaim["evicts_bytes"]:
+        evicts = "; " + reclaim["text"]
     if r.need_bytes + r.margin_bytes > r.available_bytes:
         return Verdict(WARN, head + f": fits, but leaves {format_bytes(r.available_bytes - r.need_bytes)}, under the "
-                                    f"{format_bytes(r.margin_bytes)} margin",
+                                    f"{format_bytes(r.margin_bytes)} margin{evicts}",
                        f"free memory first or use at most {format_bytes(per_rank_fit)} per rank", ev, predicted)
     if r.high_headroom_bytes is not None and need.cgroup_bytes > r.high_headroom_bytes:
         return Verdict(WARN, head + f": fits under memory.max, but passes memory.high of {ctx.root.display(r.high_dir)} "
                                     f"({format_bytes(r.high_headroom_bytes)} left): throttling starts there, and "
                                     "faulting the region crawls through forced reclaim",
                        f"raise memory.high of {ctx.root.display(r.high_dir)} above the plan, or shrink the plan", ev, predicted)
-    return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}", evidence=ev,
+    if r.binding == "cgroup" and reclaim and reclaim["writeback_seconds"] > WRITEBACK_WARN_S:
+        return Verdict(WARN, head + f": fits{evicts}; the pin waits about "
+                                    f"{format_duration(reclaim['writeback_seconds'])} for that writeback",
+                       "sync the launcher's files before pinning (sync -f FILE), or shrink the plan", ev, predicted)
+    return Verdict(PASS, head + f": leaves {format_bytes(r.available_bytes - r.need_bytes)}{evicts}", evidence=ev,
                    predicted=predicted)
+
+
+def _torch_remedy(plan, per_rank_fit: int) -> str:
+    """What fits through PyTorch: its requests are powers of two (catalog 18)."""
+    from ..torchalloc import power_of_2_ceil
+    largest = power_of_2_ceil(per_rank_fit + 1) >> 1 if per_rank_fit else 0
+    fits = (f"a PyTorch request of at most {format_bytes(largest)} per rank pins no more than that" if largest
+            else "no PyTorch request fits")
+    text = f" ({fits}, since PyTorch pins the next power of two: a request just above one pins nearly twice it)"
+    return text + ("; or pin the exact size outside PyTorch's cache (cudaHostAlloc, or mmap + cudaHostRegister, "
+                   "as torch.cuda.cudart().cudaHostRegister does), or from PyTorch 2.13 "
+                   "PYTORCH_CUDA_ALLOC_CONF=pinned_max_round_threshold_mb:N below the size")
+
+
+def _cgroup_reclaim(ctx: Context, need: int) -> dict | None:
+    """What the kernel reclaims in the binding cgroup to make room for `need` bytes: page cache
+    first, clean at once and dirty once written (at WRITEBACK_RATE), active and inactive alike;
+    then anonymous and shmem memory, where swap is allowed. None without a binding cgroup."""
+    cg = ctx.cgroup
+    lv = cg.binding if cg is not None else None
+    if lv is None or lv.free_bytes is None:
+        return None
+    short = max(0, need - lv.free_bytes)
+    cache = lv.file_lru_bytes
+    evicts = min(short, cache)
+    from_clean = min(evicts, lv.clean_cache_bytes)
+    from_dirty = evicts - from_clean
+    swappiness = lv.swappiness if lv.swappiness is not None else ctx.vm.get("swappiness")
+    reasons = []
+    if cg.version == 2 and lv.swap_limit_bytes == 0:
+        reasons.append("memory.swap.max 0")
+    if cg.version == 1 and lv.swap_limit_bytes is not None and lv.limit_bytes is not None \
+            and lv.swap_limit_bytes <= lv.limit_bytes:
+        reasons.append("memory.memsw.limit_in_bytes equals memory.limit_in_bytes")
+    if swappiness == 0:  # mm/vmscan.c get_scan_count: cgroup reclaim with swappiness 0 scans file pages only
+        reasons.append("swappiness 0 (the cgroup's own reclaim never swaps)")
+    swap_free = ctx.meminfo.swap_free_bytes or 0
+    if not swap_free:
+        reasons.append("no free swap on the node")
+    swap_room = swap_free
+    if cg.version == 2 and lv.swap_limit_bytes is not None:
+        swap_room = min(swap_room, max(0, lv.swap_limit_bytes - (lv.swap_usage_bytes or 0)))
+    elif cg.version == 1 and lv.swap_limit_bytes is not None and lv.limit_bytes is not None:
+        swap_room = min(swap_room, max(0, lv.swap_limit_bytes - lv.limit_bytes - (lv.swap_usage_bytes or 0)))
+    active = lv.active_file_bytes or 0
+    text = (f"evicts {format_bytes(evicts)} of the cgroup's {format_bytes(cache)} page cache, "
+            f"{format_bytes(active)} of it active: the launcher may read it again")
+    seconds = from_dirty / WRITEBACK_RATE
+    if from_dirty:
+        text += (f"; {format_bytes(from_dirty)} of that is dirty and is written back first, about "
+                 f"{format_duration(seconds)} at an assumed {format_bytes(WRITEBACK_RATE)}/s")
+    return {"dir": lv.dir, "free_bytes": lv.free_bytes, "page_cache_bytes": cache, "active_file_bytes": active,
+            "inactive_file_bytes": lv.inactive_file_bytes, "clean_cache_bytes": lv.clean_cache_bytes,
+            "dirty_cache_bytes": lv.dirty_cache_bytes, "evicts_bytes": evicts, "evicts_clean_bytes": from_clean,
+            "evicts_dirty_bytes": from_dirty, "writeback_rate_bytes_per_s": WRITEBACK_RATE,
+            "writeback_seconds": round(seconds, 3), "anon_bytes": lv.anon_bytes, "shmem_bytes": lv.shmem_bytes,
+            "swappable_bytes": min(lv.swappable_bytes, swap_room) if not reasons else 0,
+            "can_swap": not reasons, "no_swap_reason": "; ".join(reasons) or None, "swappiness": swappiness,
+            "text": text}
 
 
 def _swap_holders(limit: int = 5) -> list[dict]:
@@ -254,9 +378,11 @@ def swap(ctx: Context) -> Verdict:
     ev["swapin_now"] = sample
     demand = sample.get("pages_per_s") or 0.0
     cg = ctx.cgroup
-    # swappiness 0 does not keep a region resident: reclaim near OOM swaps whatever it is (mm/vmscan.c,
-    # "mm: vmscan: disregard swappiness shortly before going OOM", 3.8); only memory.swap.max=0 (v1:
-    # memsw equal to the limit) forbids it
+    # vm.swappiness 0 does not keep a region resident: global reclaim near OOM swaps whatever it is
+    # (mm/vmscan.c, "mm: vmscan: disregard swappiness shortly before going OOM", 3.8); memory.swap.max=0
+    # (v1: memsw equal to the limit) forbids it, and so does a v1 cgroup's own memory.swappiness 0 for
+    # its own reclaim (get_scan_count: cgroup reclaim with swappiness 0 scans file pages only; measured
+    # in tests/test_cgroup_reclaim_live.py)
     can_swap = cg is None or cg.can_swap is not False
     ev["can_swap"] = can_swap
     r = room(ctx)
@@ -310,7 +436,8 @@ def swap(ctx: Context) -> Verdict:
                 + (", an estimate" if pred["rate_is_estimate"] else "") + ")") if exposed else \
                "no size given: the exposure of a plan is not predicted"
         if not can_swap:
-            cost = "this cgroup cannot swap (memory.swap.max 0): the region stays resident"
+            cost = ("this cgroup cannot swap (memory.swap.max 0, v1 memsw at the memory limit, or v1 "
+                    "memory.swappiness 0): the region stays resident")
             return Verdict(PASS, f"{head}; {cost}", evidence=ev)
         return Verdict(WARN, f"{head}: {cost}", remedy, ev, predicted=[1])
     return Verdict(PASS, f"{head}: below the {format_bytes(SWAP_IN_USE_THRESHOLD)} threshold",

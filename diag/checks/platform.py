@@ -294,7 +294,7 @@ def numa_placement(ctx: Context) -> Verdict:
     if not gpu_nodes:
         return Verdict(SKIP, f"{len(nodes)} NUMA nodes but no GPU found to place against", evidence=ev)
     free = {n.node: n.free_bytes or 0 for n in nodes}
-    size = ctx.plan.size_bytes or 0
+    size = ctx.plan.pinned_bytes or 0
     # rank i uses GPU i (local rank -> device, wrapping past the last GPU); ranks sharing a node add up
     gpus = list(gpu_nodes.items())
     per_node: dict[int, list[int]] = {}

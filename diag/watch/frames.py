@@ -140,6 +140,9 @@ _DMA = {"dma_map_sg_attrs", "__dma_map_sg_attrs", "dma_map_sgtable", "dma_direct
 _IOMMU = re.compile(r"^_*(iommu_|viommu_|intel_iommu|amd_iommu|arm_smmu|qi_submit_sync|alloc_iova|iova_|"
                     r"domain_flush|iommu_dma)")
 _RECLAIM_PREFIX = ("shrink_",)
+# where reclaim is entered from: a memory cgroup's limit or memory.high (mm/memcontrol.c), or the
+# node's page allocator (mm/page_alloc.c __alloc_pages_direct_reclaim)
+_RECLAIM_ENTRIES = ("try_to_free_mem_cgroup_pages", "mem_cgroup_handle_over_high", "try_to_free_pages")
 # NVIDIA frames by name, for stacks recorded without the module tag: camelCase RM/UVM calls
 # and the os_*/nv_* interface layer; kernel functions are snake_case (nvme_* is not nv_*)
 _MLOCK_CALL = re.compile(r"^__(x64|arm64|ia32|do)_sys_mlock(2|all)?$")  # __do_sys_mlockall on 6.18
@@ -209,7 +212,18 @@ def _bound_of(name: str, frame: str) -> str | None:
 
 def stack_bound(frames: list[str]) -> tuple[str | None, str | None]:
     """(bound, the frame that says so) from one stack, innermost first; (None, the innermost
-    frame) when nothing in it means anything."""
+    frame) when nothing in it means anything. Reclaim names the reclaim it serves (a cgroup's,
+    try_to_free_mem_cgroup_pages; the node's, try_to_free_pages): its innermost frame is shrink_*
+    for both, and the catalog entry differs (12 or 8)."""
+    bound, frame = _stack_bound(frames)
+    if bound == "reclaim" and frame:
+        entry = next((n for n in map(normalize, frames) if n in _RECLAIM_ENTRIES), None)
+        if entry and entry not in frame:
+            frame = f"{frame} under {entry}"
+    return bound, frame
+
+
+def _stack_bound(frames: list[str]) -> tuple[str | None, str | None]:
     names = [normalize(f) for f in frames]
     for i, name in enumerate(names):
         if name in _GENERIC:

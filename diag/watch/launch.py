@@ -77,7 +77,9 @@ def _exited(child: subprocess.Popen) -> bool:
 
 
 def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Callable[[str], None],
-                root: Root | None = None) -> WatchResult:
+                root: Root | None = None, umask: int | None = None) -> WatchResult:
+    """CMD's life under the watch; umask: the one hostpin was started with, which CMD gets back
+    (hostpin's own files are private, CMD's are CMD's business)."""
     root = root or Root("/")
     result = WatchResult(mode="command", pid=None, argv=list(argv), size_bytes=opts.size_bytes,
                          interval_s=opts.interval, run_dir=str(run.path))
@@ -85,8 +87,9 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
     sampler = Sampler(root)
     result.facts = node_facts(Root(root.path, run=run))
     try:
-        child = subprocess.Popen(argv, process_group=0) if sys.version_info >= (3, 11) else \
-            subprocess.Popen(argv, preexec_fn=lambda: os.setpgid(0, 0))
+        keep = {} if umask is None else {"umask": umask}
+        child = subprocess.Popen(argv, process_group=0, **keep) if sys.version_info >= (3, 11) else \
+            subprocess.Popen(argv, preexec_fn=lambda: os.setpgid(0, 0), **keep)
     except FileNotFoundError:
         result.outcome, result.exit_code = "gone", EXIT_CMD_NOT_FOUND
         result.verdict = f"{argv[0]}: command not found"

@@ -8,6 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ..safetext import one_line
 from ..units import GiB, format_bytes, format_duration
 from .bounds import remedy_for
 from .result import PhaseResult, WatchResult
@@ -120,7 +121,7 @@ def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float 
 
 
 def phase_verdict(ph: PhaseResult, page: int = 4096) -> str:
-    who = f"pid {ph.pid}" + (f" ({ph.comm})" if ph.comm else "")
+    who = f"pid {ph.pid}" + (f" ({one_line(ph.comm)})" if ph.comm else "")  # any user names its process
     size = format_bytes(ph.size_bytes) if ph.size_bytes else None
     why = f"bound {ph.bound}" if ph.bound else "bound unknown"
     if ph.bound_reason:

@@ -1,11 +1,11 @@
-"""The result of `hostpin watch`, as typed data: a diag.results.Result, written by write_result."""
+"""The result of `hostpin watch`, as typed data: a diag.resultbase.Result, written by write_result."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..results import Result
+from ..resultbase import Result
 
 __all__ = ["WatchResult", "PhaseResult", "OUTCOMES"]
 

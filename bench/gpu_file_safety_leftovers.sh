@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Issue 11 on the GPU machine (H200, driver 580.159.04, kernel 6.18, cgroup v2), ~3-4 minutes:
+# User files and leftovers on the GPU machine (H200, driver 580.159.04, kernel 6.18, cgroup v2), ~3-4 minutes:
 #   A  an existing data file is registered read-only (cudaHostRegisterReadOnly) and never written
 #   B  a writable registration of an existing file is refused up front (exit 2)
 #   C  catalog 9 still reproduces with a file the run creates (cudaErrorInvalidValue), removed after
 #   D  a SIGKILLed swap-bound run on cgroup v2: leftovers found, warned, refused beside, removed;
 #      the killed run bundled and reported as partial
-#   E  the issue-11 regression tests on python 3.12 and cgroup v2 (hypothesis absent there: skipped)
-# Writes $OUT/issue11.txt (everything), $OUT/runs-issue11.tgz, $OUT/pytest-issue11.txt, $OUT/install.log.
+#   E  the regression tests of these cases on python 3.12 and cgroup v2 (hypothesis absent there: skipped)
+# Writes $OUT/file-safety.txt (everything), $OUT/runs-file-safety.tgz, $OUT/pytest-file-safety.txt, $OUT/install.log.
 # Each case prints one "CASE X: ..." summary line; one failing case does not stop the others.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
 R=/tmp/r11; rm -rf $R; mkdir -p $R
-DATA=/var/tmp/hostpin-issue11-table.bin
+DATA=/var/tmp/hostpin-file-safety-table.bin
 summary() { echo "CASE $1: $2"; }
 
 {
@@ -55,7 +55,7 @@ print('CASE A2: rc=$rc outcome', r.get('outcome'), 'flags', r['options']['regist
   rm -f $DATA
 
   echo; echo "== C: catalog 9 with a file the run creates (MAP_SHARED, default flags)"
-  NEW=/var/tmp/hostpin-issue11-new.bin; rm -f $NEW
+  NEW=/var/tmp/hostpin-file-safety-new.bin; rm -f $NEW
   $HP repro register --size 1GiB --source file:$NEW --map shared --json --out $R/C > $R/C.json 2>&1
   rc=$?
   python3 -c "
@@ -112,10 +112,10 @@ print('CASE D6: cleanup rc=$rc', r['verdict'])
 
   echo; echo "== E: regression tests (python 3.12, cgroup v2)"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_hostile.py tests/test_leftovers.py \
-      tests/test_properties.py -rfs > "$OUT/pytest-issue11.txt" 2>&1
-  summary E "pytest rc=$?: $(tail -1 "$OUT/pytest-issue11.txt")"
+      tests/test_properties.py -rfs > "$OUT/pytest-file-safety.txt" 2>&1
+  summary E "pytest rc=$?: $(tail -1 "$OUT/pytest-file-safety.txt")"
 
   echo; $HP repro cleanup | head -5   # whatever happened above, nothing of a dead run stays
   echo "left:"; cat /proc/swaps; ls -d /sys/fs/cgroup/hostpin-* 2>/dev/null; ls /var/tmp /dev/shm | grep hostpin
-} 2>&1 | tee "$OUT/issue11.txt"
-tar czf "$OUT/runs-issue11.tgz" -C $R . 2>/dev/null
+} 2>&1 | tee "$OUT/file-safety.txt"
+tar czf "$OUT/runs-file-safety.tgz" -C $R . 2>/dev/null

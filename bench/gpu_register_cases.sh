@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device calls for issue 3. Usage: bench/gpu_issue3.sh A|B
+# repro register on the GPU machine: 47 GiB by each method, the matrix, ranks, failures, swap-bound. Usage: bench/gpu_register_cases.sh A|B
 #   A: snapshot fixture, 47 GiB x {register, hostalloc, mlock}, --matrix 16GiB, --ranks 2, failure cases
 #   B: the swap-bound registration, unthrottled and throttled to 16MB/s (bounded by --deadline)
 set -u

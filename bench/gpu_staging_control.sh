@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call for issue 8: the staging measurement with its control arm, every case the issue
+# The staging measurement with its control arm on the GPU machine, every case the measurement
 # names, all with --json, each run directory kept. Expected ~4 minutes on the H200 (16 cores):
 # a repeat with all three sides is ~15 s (context ~0.5 s, 2 pageable bursts of 3 GiB at ~7.4 GB/s,
 # 2 cudaHostAlloc'd bursts, 2 memcpy bursts, a settled reading after each), --hold 10 adds 10 s.
 # Each case runs under its own cap (SIGINT: the command kills its child and exits) and is skipped
 # when less than its cap is left before 440 s, so the whole stays under 8 minutes (with the install).
-# Writes: $OUT/report-8.txt (per case: command, rc, seconds, the rendered result) and
-# $OUT/staging-runs-8.tgz (cases/<name>.json, .err and the run directories with every raw repeat).
+# Writes: $OUT/report-staging.txt (per case: command, rc, seconds, the rendered result) and
+# $OUT/staging-runs.tgz (cases/<name>.json, .err and the run directories with every raw repeat).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
 R=/tmp/s8; rm -rf $R; mkdir -p $R/cases
@@ -46,6 +46,6 @@ EOF
   case_ both 110 --direction both --repeat 2
   case_ hold10 130 --hold 10 --repeat 2
   echo; echo "total $(( $(date +%s) - START )) s"
-} 2>&1 | tee "$OUT/report-8.txt"
-tar czf "$OUT/staging-runs-8.tgz" -C $R .
+} 2>&1 | tee "$OUT/report-staging.txt"
+tar czf "$OUT/staging-runs.tgz" -C $R .
 ls -la "$OUT"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9 on the GPU machine (one H200, open driver, cgroup v2, root), in one go, about 3-4 minutes.
+# What the catalog constants rest on, on the GPU machine (driver memory per pinned page, cgroup charging, co-tenants, swap-in rate; one H200, open driver, cgroup v2, root), in one go, about 3-4 minutes.
 # Every case is independent: one failing does not stop the rest; a short summary per case goes to
 # stdout (and summary.txt). Files under $OUT (7 at most, each well under 16 MiB):
 #   install.log           pip install -e . (from gpu_setup.sh)
@@ -20,7 +20,7 @@ case_() { echo; echo "== $*"; }
   python3 -c "import cuda.bindings.nvml" 2>/dev/null && echo "cuda.bindings.nvml: present" || echo "cuda.bindings.nvml: absent"
 
   case_ "1. driver memory per page and cgroup charging (fresh child cgroup per arm; controls: context, anon)"
-  timeout 360 python3 bench/gpu_issue9_measure.py --out "$OUT/measure.json" --repeat 3 || echo "case 1 failed rc=$?"
+  timeout 360 python3 bench/gpu_driver_overhead_per_page.py --out "$OUT/measure.json" --repeat 3 || echo "case 1 failed rc=$?"
 
   case_ "2. hostpin snapshot of this node"
   if timeout 120 $HP snapshot --out "$R/snap" >"$R/snap.txt" 2>&1; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12 on the GPU machine, about a minute: the fleet gate with the CUDA probe, as a node runs it.
+# The fleet gate on the GPU machine, about a minute: the gate with the CUDA probe, as a node runs it.
 #   A  the site file (deploy/hostpin.toml) + --format npd, 5 times: line, exit code, wall time
 #      (node-problem-detector and slurmd time these out)
 #   B  a command-line override of the file (--method hostalloc), --format line
@@ -7,7 +7,7 @@
 #   D  the DaemonSet's command once (deploy/kubernetes/hostpin-daemonset.yaml), then the NPD relay
 #   E  deploy/slurm/hostpin-gate as health check and as prolog, without Slurm (scontrol absent)
 #   F  hostpin compare of the runs above: the fleet summary on real GPU runs
-# Writes $OUT/issue12.txt (everything printed) and $OUT/issue12-runs.tar.gz (result.json and
+# Writes $OUT/fleet-gate.txt (everything printed) and $OUT/fleet-gate-runs.tar.gz (result.json and
 # manifest.json of every run, the status file and the textfile). Each case runs on its own.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
@@ -67,6 +67,6 @@ EOF
 
   echo "== F: hostpin compare of these runs (fleet summary past 6)"
   $HP compare "$W/runs" "$W/ds-runs" "$W/gate/hostpin-runs" | head -40; echo "exit ${PIPESTATUS[0]}"
-} 2>&1 | tee "$OUT/issue12.txt"
+} 2>&1 | tee "$OUT/fleet-gate.txt"
 (cd "$W" && find . \( -name result.json -o -name manifest.json -o -name npd-status -o -name hostpin.prom \) -print0 \
-   | tar --null -czf "$OUT/issue12-runs.tar.gz" -T -) || echo "could not pack the runs"
+   | tar --null -czf "$OUT/fleet-gate-runs.tar.gz" -T -) || echo "could not pack the runs"

@@ -14,7 +14,7 @@ Every figure is a delta against the arm's own baseline, read by the child itself
 step (after the context exists; for register, after the region is touched). Usage on the GPU
 machine (root, cgroup v2):
 
-    python3 bench/gpu_issue9_measure.py --out $OUT/measure.json [--repeat 3]
+    python3 bench/gpu_driver_overhead_per_page.py --out $OUT/measure.json [--repeat 3]
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 2: install, snapshot (fixture), preflight with the CUDA probe, speed.
+# Preflight and snapshot with the CUDA probe on the GPU machine: install, snapshot (fixture), preflight with the CUDA probe, speed.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The last GPU-machine call of the round, about 6 minutes, after every issue was merged:
-#   1  bench/gpu_issue11.sh (user files read-only, leftovers after SIGKILL, partial runs, cgroup v2)
+# The README quick start on the GPU machine, with the file-safety and stuck-registration cases, about 6 minutes:
+#   1  bench/gpu_file_safety_leftovers.sh (user files read-only, leftovers after SIGKILL, partial runs, cgroup v2)
 #   2  bench/gpu_watch_stuck.py (the stuck file registration and its control, watched)
 #   3  the README's quick start and report on this node: preflight with the CUDA probe (table and
 #      --format line), a 4 GiB register watched by `hostpin watch -- CMD`, and its report
@@ -8,7 +8,7 @@
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
 F=/tmp/final; rm -rf $F; mkdir -p $F
-OUT=$F/i11 timeout 330 bash bench/gpu_issue11.sh > $F/i11.txt 2>&1; echo "issue11 rc=$?"; grep '^CASE' $F/i11.txt
+OUT=$F/file-safety timeout 330 bash bench/gpu_file_safety_leftovers.sh > $F/file-safety.txt 2>&1; echo "file-safety rc=$?"; grep '^CASE' $F/file-safety.txt
 timeout 300 python3 bench/gpu_watch_stuck.py $F/stuck > $F/stuck.txt 2>&1; echo "stuck rc=$?"; tail -12 $F/stuck.txt
 {
   $HP preflight --size 47.2GiB --ranks 2 --out $F/runs; echo "preflight rc=$?"

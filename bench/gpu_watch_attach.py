@@ -1,5 +1,5 @@
-"""Issue 10 on the GPU machine: `hostpin watch` on processes hostpin did not start, and the
-file-read case through `repro register --read-rate`. Run by bench/gpu_issue10.sh (root, one
+"""On the GPU machine: `hostpin watch` on processes hostpin did not start, and the
+file-read case through `repro register --read-rate`. Run by bench/gpu_watch_attach.sh (root, one
 GPU, cgroup v2); every case is independent, cleans up after itself, and prints one summary.
 
   A  an independent cuda-bindings process registers a 16 GiB THP region with 4 GiB of it in

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Preflight's speed on the GPU machine, about a minute (under 120 s): 11 fresh processes per case of
+# bench/preflight_speed.py: --no-cuda, with the CUDA probe, and the floors under the probe (an
+# interpreter alone, with and without site; a child that imports cuda.bindings and calls cuInit,
+# with site and with -I -S; the probe's own child with the median of its steps: import, cuInit,
+# devices, NVML). Also the image's setuptools (gpu_setup.sh) and whether the offline editable
+# install of this pyproject (SPDX license, setuptools >= 77) worked with it.
+# Writes $OUT/setuptools.txt, $OUT/install.log, $OUT/preflight_speed.json, $OUT/preflight_speed.txt.
+# Changes nothing on the node; its runs go to a temporary directory the benchmark removes.
+set -u
+source "$(dirname "$0")/gpu_setup.sh"
+[ "$INSTALLED" = 1 ] && echo "editable install: ok" \
+    || echo "editable install: FAILED (install.log); the benchmark runs from the source tree"
+echo "cpus $(nproc)"; nvidia-smi --query-gpu=name,driver_version,persistence_mode --format=csv,noheader 2>&1 | head -2
+python3 -c 'import cuda.bindings as b; print("cuda-bindings", b.__version__)' 2>&1 | tail -1
+timeout 110 python3 bench/preflight_speed.py --runs 11 --cuda --floor --json > "$OUT/preflight_speed.json"
+echo "bench rc=$?"
+python3 - "$OUT/preflight_speed.json" <<'PY' | tee "$OUT/preflight_speed.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+for name, v in r.items():
+    if name == "environment":
+        print("environment:", v)
+        continue
+    print(f"{name:42s} median {v['median_s']:.3f} s  min {v['min_s']:.3f}  max {v['max_s']:.3f}  cpu {v['cpu_median_s']:.3f} s")
+    if "steps_median_s" in v:
+        print(" " * 42, "status", v.get("statuses"), "steps (s since the probe began)", v["steps_median_s"])
+PY

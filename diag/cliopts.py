@@ -1,0 +1,178 @@
+"""The options and helpers every `hostpin` command line shares (diag.cli, diag.watch.cli, repro.cli):
+sizes, rates and rank counts as parameter types, --out and --json, the run directory, exit 3's error.
+
+Below every CLI module and importing none of them, so the verbs' modules can share it without
+importing each other.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .exitcodes import EXIT_OK, EXIT_UNEVALUATED
+from .units import SizeError, parse_rate, parse_size
+
+__all__ = ["InputError", "SizeType", "RateType", "RanksType", "FiniteRange", "SIZE", "RATE", "RANKS",
+           "out_option", "json_option", "open_run", "GuardedStream", "evidence_exit", "unwritten_exit",
+           "CALLER_UMASK", "COMMAND_EXIT"]
+
+
+class InputError(click.ClickException):
+    """Exit 3: the input could not be read or evaluated, or the output could not be written."""
+    exit_code = EXIT_UNEVALUATED
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class RateType(click.ParamType):
+    name = "RATE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_rate(value)
+        except SizeError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+MAX_RANKS = 1024     # ranks on one node: far past any GPU count, and repro starts one child per rank
+MAX_SAMPLE_S = 60.0   # --sample: a minute of swap-in demand is plenty, and it holds up every prolog
+MAX_CUDA_TIMEOUT_S = 3600.0  # --cuda-timeout: an hour; past ~2.1e6 s the selector's timer overflows
+
+
+class RanksType(click.ParamType):
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = None
+        if n is None or not 1 <= n <= MAX_RANKS:
+            self.fail(f"{value!r} is not a rank count; use a whole number from 1 to {MAX_RANKS}, e.g. --ranks 2",
+                      param, ctx)
+        return n
+
+
+class FiniteRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which compare as neither below nor above)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv != rv or rv in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
+
+SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
+CALLER_UMASK: int | None = None  # the umask hostpin was started with, before it made its own files private
+COMMAND_EXIT = False  # the exit code is CMD's (`watch -- CMD`): an output that failed does not change it
+
+
+def out_option(f):
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Parent directory for the run directory (default ./hostpin-runs).")(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the result as JSON on stdout (also when it fails).")(f)
+
+
+def open_run(out: Path | None, command: str, durable: bool = False, keep_going: bool = False):
+    """The command's run directory; InputError when it cannot be made, or with keep_going a run
+    that keeps nothing (RunDir.unkept, its `lost` says why): the command still decides."""
+    if not keep_going:
+        return _open_run(out, command, durable)
+    try:
+        return _open_run(out, command, durable)
+    except InputError as exc:
+        from .evidence import RunDir, new_run_dir
+        return RunDir.unkept(new_run_dir(out, command), command, exc.message, sys.argv)
+
+
+def _open_run(out: Path | None, command: str, durable: bool = False):
+    from .evidence import RunDir, new_run_dir
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise InputError(f"cannot create a run directory under {out}: it is not a directory; "
+                         "choose another with --out")
+    for _ in range(20):  # another hostpin (a rank beside this one) may take the same name this second
+        path = new_run_dir(out, command)
+        try:
+            return RunDir(path, command, sys.argv, durable=durable)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InputError(f"cannot create the run directory {path}: {exc.strerror or exc}; "
+                             "choose another with --out") from None
+    raise InputError(f"cannot create a run directory under {out or 'hostpin-runs'}: every name is taken; "
+                     "choose another with --out")
+
+
+class GuardedStream:
+    """sys.stdout or sys.stderr, whose failed writes (a full disk under `2>>log`, /dev/full, a closed
+    pipe) are swallowed and remembered: a message that cannot be shown never changes what the
+    command decided, nor its exit code. main() makes stdout's failure exit 3 for a command that
+    had otherwise passed (the output could not be written)."""
+
+    def __init__(self, stream):
+        self.failed: str | None = None
+        if stream is None:  # the interpreter found the descriptor closed
+            stream, self.failed = open(os.devnull, "w", encoding="utf-8"), "it is closed"
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
+
+    def _fail(self, exc):
+        if self.failed is None:
+            self.failed = getattr(exc, "strerror", None) or str(exc)
+        try:  # drop what is buffered, so that the interpreter's own flush at exit does not fail again
+            self._stream = open(os.devnull, "w", encoding="utf-8")
+        except OSError:
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def evidence_exit(run, code: int) -> int:
+    """The exit code once the run is finished: as decided, or 3 for a success whose evidence could
+    not be kept (a full disk), said on stderr."""
+    if getattr(run, "lost", None) is None:
+        return code
+    click.echo(f"hostpin: error: the evidence could not be kept ({run.lost})", err=True)
+    return unwritten_exit(code)
+
+
+def unwritten_exit(code: int) -> int:
+    """The exit code once an output could not be written: what was decided stands (1 a failure, or
+    any code but 0), and a pass becomes 3, "could not write the output"."""
+    return EXIT_UNEVALUATED if code == EXIT_OK else code
