@@ -344,3 +344,46 @@ def test_without_tracefs_the_watch_samples_and_says_why(tmp_path, monkeypatch):
     assert start_trace(None, [os.getpid()], time.monotonic(), notes) is None
     assert notes == [f"--trace: {tmp_path / 'no-tracing'} does not exist (a kernel without CONFIG_TRACING); "
                      "the bound is sampled only"]
+
+
+@live
+def test_watch_pid_trace_gives_the_phase_its_budget(tmp_path):
+    """`watch --pid --trace` on tests/pin_target.py (a process hostpin did not start): 64 MiB, 56 MiB
+    of it in swap, swap reads throttled to 8 MB/s for its cgroup; the phase gets a time_budget."""
+    from repro.cgroups import PREFIX as CG_PREFIX, RunCgroup, block_device_for
+    from repro.swapfile import SwapFile, active_swaps
+    swap = SwapFile("/var/tmp", 256 << 20).create()
+    cg = RunCgroup(f"{CG_PREFIX}test-trace-{os.getpid()}").create(want_io=True)
+    target = None
+    try:
+        joins = [a for path in cg.join_files() for a in ("--join", path)]
+        target = subprocess.Popen([sys.executable, str(Path(__file__).parent / "pin_target.py"), "--size", "64MiB",
+                                   "--swap-out", "56MiB", "--thp", *joins], cwd=REPO, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert target.stdout.readline().startswith("paged")
+        cg.drop_swap_cache()
+        for disk in {block_device_for(dev) for dev in active_swaps()}:
+            cg.throttle_reads(disk, 8_000_000)
+        w = subprocess.Popen([sys.executable, "-m", "repro.cli", "watch", "--trace", "--json", "--out",
+                              str(tmp_path / "runs"), "--pid", str(target.pid), "--size", "64MiB"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # attached and tracing before the pin starts
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        assert target.stdout.readline().startswith("pinned")
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+        a = json.loads(out)
+        ph = max(a["phases"], key=lambda p: p["seconds"] or 0)
+        b = ph["time_budget"]
+        assert ph["bound"] == "swap-in" and b["tid"] == ph["tid"]
+        assert b["causes"]["io"] >= 0.8 * b["wall_s"], json.dumps(b["causes"])
+        assert b["io"]["basis"] == "thread" and b["io"]["requests"] > 0
+        assert "Trace: of the" in a["verdict"] and a["trace"]["cleanup_problems"] == []
+        assert not any(n.startswith(f"{PREFIX}{w.pid}-") for n in _ours())
+    finally:
+        if target is not None and target.poll() is None:
+            target.kill()
+            target.wait(timeout=30)
+        assert cg.remove() == []
+        assert swap.remove() == []
