@@ -541,6 +541,29 @@ def _write_beside(output: Path, suffix: str, data: bytes) -> Path:
     raise FileExistsError(f"{output.parent}: too many {suffix} files already")
 
 
+def _budget_picture(run, keep_in_run: bool) -> str | None:
+    """budget.png (--trace's time split and I/O latency) added to the run, for its main phase."""
+    from .plot import PlotUnavailable, budget_png
+    from .report import budgets_of
+    phases = budgets_of(run.result or {})
+    if not phases or not keep_in_run:
+        return None
+    main = max(phases, key=lambda p: p["time_budget"].get("wall_s") or 0)
+    import tempfile
+    try:
+        with tempfile.TemporaryDirectory(prefix="hostpin-plot-") as tmp:
+            target = Path(tmp) / "budget.png"
+            budget_png(main["time_budget"], target, title=str(run.result.get("verdict") or ""))
+            png = target.read_bytes()
+        from .evidence import add_after_run
+        return add_after_run(run.path, "budget.png", png, "picture")
+    except PlotUnavailable as exc:
+        click.echo(f"hostpin: note: {exc}", err=True)
+    except (OSError, ValueError) as exc:
+        click.echo(f"hostpin: note: budget.png not kept in the run: {exc}", err=True)
+    return None
+
+
 def _timeline_png(samples: list[dict], title: str, page_size) -> bytes:
     """The picture's bytes, drawn in a private temporary directory (never where the run is)."""
     import tempfile
@@ -603,7 +626,8 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
                 elif png:
                     click.echo("hostpin: note: the timeline picture of a bundle is kept only next to a report "
                                "written with -o FILE", err=True)
-            text = render_report(run, fmt=fmt, picture=picture)
+            budget_picture = _budget_picture(run, keep_in_run) if not no_picture else None
+            text = render_report(run, fmt=fmt, picture=picture, budget_picture=budget_picture)
         if output:
             from .confined import PathRefused, write_output
             try:  # a new file renamed over -o, or through a pipe or terminal (-, /dev/stdout); a link never replaced

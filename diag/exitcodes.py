@@ -28,7 +28,7 @@ code  meaning
       first and still printed: an output that could not be written makes a pass 3, never a
       failure.
 4     refused for safety: not enough headroom (--force), or leftovers of killed runs on the node
-      (`hostpin repro cleanup`, or --ignore-leftovers)
+      (`hostpin repro cleanup`, or --ignore-leftovers); --trace without root
 126   `watch -- CMD`: CMD cannot be run (as a shell says it)
 127   `watch -- CMD`: no such command
 130   interrupted (Ctrl-C or SIGTERM), everything set up removed

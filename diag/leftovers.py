@@ -50,6 +50,8 @@ _PATTERNS = {
     "cgroup": re.compile(r"^hostpin-(\d+)-\d+-r\d+$"),
     "shm": re.compile(r"^hostpin-(\d+)-\d+$"),
     "bundle-tmp": re.compile(r"^hostpin-bundle-(\d+)-"),
+    "trace": re.compile(r"^hostpin-(\d+)-\d+$"),   # a tracefs instance of --trace (diag.trace)
+    "trace-mount": re.compile(r"^hostpin-(\d+)$"),  # tracefs mounted by --trace: the mount's source
 }
 
 
@@ -131,7 +133,8 @@ class Leftover:
 
     def describe(self) -> str:
         what = {"swap": "active swap file", "swap-file": "swap file (not active)", "cgroup": "cgroup",
-                "shm": "/dev/shm region file", "bundle-tmp": "unpacked bundle"}[self.kind]
+                "shm": "/dev/shm region file", "bundle-tmp": "unpacked bundle",
+                "trace": "tracefs instance", "trace-mount": "tracefs mount"}[self.kind]
         extra = ""
         if self.kind == "swap" and self.detail.get("used_bytes") is not None:
             extra = f", {self.detail['used_bytes'] >> 20} MiB in use"
@@ -317,4 +320,29 @@ def find_leftovers(proc: str = "/proc", shm_dir: str = "/dev/shm", tmp_dir: str 
                 continue
             found.append(Leftover(kind, path, pid, owner_alive(pid, min(st.st_mtime, st.st_ctime), proc),
                                   {"size_bytes": st.st_size} if kind == "shm" else {}))
+    found.extend(_trace_instances(proc))
     return found
+
+
+def _trace_instances(proc: str) -> list[Leftover]:
+    """hostpin's tracefs instances, wherever tracefs is mounted (a SIGKILLed --trace leaves one)."""
+    out = []
+    for line in _lines(Path(proc, "self", "mounts")):
+        parts = line.split()
+        if len(parts) < 3 or parts[2] != "tracefs":
+            continue
+        base = Path(parts[1].replace("\\040", " "), "instances")
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        owner = owner_pid(parts[0], "trace-mount")
+        if owner is not None:
+            out.append(Leftover("trace-mount", parts[1], owner, owner_alive(owner, None, proc),
+                                {"instances": [n for n in names]}))
+        for name in names:
+            pid = owner_pid(name, "trace")
+            if pid is not None:
+                path = str(base / name)
+                out.append(Leftover("trace", path, pid, owner_alive(pid, _made_at(path), proc)))
+    return out

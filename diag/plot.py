@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["timeline_series", "timeline_png", "PlotUnavailable"]
+__all__ = ["timeline_series", "timeline_png", "budget_png", "PlotUnavailable"]
 
 DEFAULT_PAGE = 4096  # runs recorded before the page size was kept in result.json were all on 4 KiB nodes
 GiB = 1 << 30
@@ -73,6 +73,47 @@ def timeline_png(samples: list[dict], path: Path | str, title: str = "", page_si
             ax.axvline(undo, color="grey", linestyle="--", linewidth=0.8)
     import textwrap
     fig.suptitle("\n".join(textwrap.wrap(title or "hostpin pin timeline", 100)[:3]), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def budget_png(budget: dict, path: Path | str, title: str = "") -> Path:
+    """A phase's time budget (--trace): its time split by cause, and the latency histograms of its
+    I/O (request issue to completion, and the thread's sleeps)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable("matplotlib is not installed: pip install 'hostpin[plot]' for the budget picture") from exc
+    causes = budget.get("causes") or {}
+    if not causes:
+        raise PlotUnavailable("no time budget in this run")
+    io = budget.get("io") or {}
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6))
+    from .trace.budget import CAUSES
+    names = sorted(causes, key=lambda c: CAUSES.index(c) if c in CAUSES else len(CAUSES))
+    axes[0].barh(names, [causes[n] for n in names], color="tab:blue")
+    axes[0].set_xlabel(f"seconds of the {budget.get('wall_s', 0):.1f} s phase")
+    axes[0].invert_yaxis()
+    for key, label, color in (("request_latency", "request issue to completion", "tab:green"),
+                              ("sleep_latency", "the thread's I/O sleeps", "tab:red")):
+        dist = io.get(key) or {}
+        hist = dist.get("histogram_ms") or []
+        if hist:
+            axes[1].step([h[0] for h in hist], [h[1] for h in hist], where="post", color=color, label=label)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("latency, ms (bucket upper bound)")
+    axes[1].set_ylabel("count")
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend()
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    import textwrap
+    fig.suptitle("\n".join(textwrap.wrap(title or "hostpin time budget (--trace)", 100)[:3]), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)

@@ -335,7 +335,43 @@ def _raw_blocks(run: Run, md: bool, budget: int) -> tuple[str, list[str]]:
     return out, left_out
 
 
-def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -> str:
+def budgets_of(r: dict) -> list[dict]:
+    """The phases of a result that carry a --trace time budget (watch, or repro register)."""
+    return [p for p in r.get("phases") or [] if isinstance(p, dict) and isinstance(p.get("time_budget"), dict)]
+
+
+def _budget_body(r: dict, md: bool, picture: str | None) -> str:
+    fmt = "github" if md else "simple"
+    out = []
+    for ph in budgets_of(r):
+        b = ph["time_budget"]
+        wall = b.get("wall_s") or 0
+        from .trace.budget import CAUSES
+        causes = b.get("causes") or {}
+        rows = [[c, f"{causes[c]:.3f}", f"{100 * causes[c] / wall:.1f}%" if wall else ""]
+                for c in sorted(causes, key=lambda c: CAUSES.index(c) if c in CAUSES else len(CAUSES))]
+        head = (f"pid {ph.get('pid')} thread {b.get('tid')}, {wall:.2f} s from {ph.get('started_s')} s: "
+                f"{round(100 * (b.get('explained') or 0))}% measured, {b.get('dropped', 0)} events lost")
+        out.append(head + "\n\n" + tabulate(rows, headers=["cause", "seconds", "of the phase"], tablefmt=fmt) + "\n")
+        io = b.get("io") or {}
+        if io.get("requests"):
+            rq, sl = io.get("request_latency") or {}, io.get("sleep_latency") or {}
+            lat = [["request issue to completion", rq.get("count"), rq.get("p50_ms"), rq.get("p90_ms"),
+                    rq.get("p99_ms"), rq.get("max_ms")],
+                   ["the thread's I/O sleeps", sl.get("count"), sl.get("p50_ms"), sl.get("p90_ms"), sl.get("p99_ms"),
+                    sl.get("max_ms")]]
+            who = "its own" if io.get("basis") == "thread" else "on its devices, whoever issued them"
+            out.append(f"I/O ({who}): {io['requests']:,} read requests, {format_bytes(io.get('bytes'))}, on "
+                       f"{', '.join(io.get('devices') or {}) or '?'}\n\n"
+                       + tabulate(lat, headers=["latency", "count", "p50 ms", "p90 ms", "p99 ms", "max ms"],
+                                  tablefmt=fmt) + "\n")
+    if picture:
+        out.append(f"![time budget]({picture})\n" if md else f"picture: {picture}\n")
+    return "\n".join(out)
+
+
+def render_report(run: Run, fmt: str = "markdown", picture: str | None = None,
+                  budget_picture: str | None = None) -> str:
     md = fmt == "markdown"
     r = run.result
     status = run.status
@@ -384,7 +420,9 @@ def render_report(run: Run, fmt: str = "markdown", picture: str | None = None) -
         if stack:
             block = _fenced(stack[1], stack[0]) if md else f"{stack[1]}\n(from {one_line(stack[0])})\n"
             parts.append(_section("Kernel stack", block, md))
-    elif command == "repro staging":
+    if command in ("repro register", "watch") and budgets_of(r):
+        parts.append(_section("Time budget (--trace)", _budget_body(r, md, budget_picture), md))
+    if command == "repro staging":
         parts.append(_section("Staging memory", staging_body(r, md), md))
     elif command == "snapshot":
         parts.append(_section("Snapshot", f"{r.get('files')} files captured, {r.get('skipped')} skipped; CUDA: "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import shutil
 import signal
 import stat
@@ -150,6 +151,24 @@ def _remove_cgroup(item: Leftover) -> list[str]:
     return problems + remove_dir(path)
 
 
+def _remove_trace(item: Leftover) -> list[str]:
+    from diag.trace.tracefs import remove_instance
+    err = remove_instance(Path(item.path))
+    return [err] if err else []
+
+
+def _unmount_trace(item: Leftover) -> list[str]:
+    """Unmount a tracefs a killed --trace mounted, once no instance is left in it (anyone's)."""
+    try:
+        left = os.listdir(Path(item.path, "instances"))
+    except OSError:
+        left = []
+    if left:
+        return [f"tracefs at {item.path} left mounted: instances {', '.join(sorted(left))} are in it"]
+    r = subprocess.run(["umount", item.path], capture_output=True, text=True)
+    return [] if r.returncode == 0 else [f"cannot unmount {item.path}: {r.stderr.strip()}"]
+
+
 def _remove_file(item: Leftover) -> list[str]:
     try:
         if item.kind == "bundle-tmp":
@@ -168,7 +187,7 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
     lists each thing found, what was done, and what could not be undone. pids: only those
     owners' (a test cleaning up after its own run)."""
     found = [x for x in find_leftovers() if pids is None or x.pid in pids]
-    order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4}
+    order = {"swap": 0, "swap-file": 1, "cgroup": 2, "shm": 3, "bundle-tmp": 4, "trace": 5, "trace-mount": 6}
     rows, problems = [], []
     for item in sorted(found, key=lambda x: (order[x.kind], x.path)):
         row = dict(item.to_dict(), description=item.describe())
@@ -177,8 +196,8 @@ def remove_leftovers(dry_run: bool = False, pids: set[int] | None = None) -> dic
         elif dry_run:
             row["action"] = "would remove"
         else:
-            undo = {"swap": _remove_swap, "swap-file": _remove_swap,
-                    "cgroup": _remove_cgroup}.get(item.kind, _remove_file)
+            undo = {"swap": _remove_swap, "swap-file": _remove_swap, "cgroup": _remove_cgroup,
+                    "trace": _remove_trace, "trace-mount": _unmount_trace}.get(item.kind, _remove_file)
             try:
                 row["problems"] = undo(item)
             except Exception as exc:  # keep removing the rest

@@ -86,6 +86,8 @@ def repro():
               help="Run even beside swap files, cgroups or throttles left by killed runs "
                    "(see `hostpin repro cleanup`).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--trace", "trace", is_flag=True,
+              help="Measure where the pin's time goes inside the kernel (tracefs; root): time_budget in the result.")
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring this node's clean rate first (256 MiB).")
 @click.option("--register-twice", is_flag=True, help="Register the first chunk a second time (catalog 10).")
 @click.option("--prefault-threads", type=click.IntRange(min=1, max=256), default=None,
@@ -96,7 +98,7 @@ def repro():
 @json_errors("repro register")
 def register_cmd(size, method, allocator, python, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
                  read_rate, make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers,
-                 device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out):
+                 device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out, trace=False):
     """Pin SIZE for real in a child process while a watchdog (diag.watch) shows where the time goes.
 
     \b
@@ -152,7 +154,11 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
                         interval=interval, force=force, device=device, calibrate=not no_calibrate,
                         register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers,
-                        allocator=allocator, torch_call=torch_call, python=python)
+                        allocator=allocator, torch_call=torch_call, python=python,
+                        trace=trace)
+    if trace:
+        from diag.watch.traced import refuse_trace_without_root
+        refuse_trace_without_root()
     if prefault_threads:
         opts.prefault_threads = prefault_threads
     try:

@@ -27,6 +27,7 @@ from diag.units import GiB, PAGE_SIZE, format_bytes
 from diag.pagesize import live_page_size
 
 from diag.leftovers import cgroup_name
+from diag.watch.traced import reproduction_budgets, start_trace
 
 from .cgroups import CgroupError, RunCgroup, block_device_for, file_device
 from .children import Child, child_rss_bytes, kill_and_wait, spawn_child
@@ -82,6 +83,7 @@ class ReproOptions:
     torch_call: str | None = None    # empty | pin_memory | register (torch.cuda.cudart().cudaHostRegister)
     python: str | None = None        # the interpreter the child runs under (the launcher's, with torch)
     torch_version: str | None = None  # what that interpreter's torch says it is (checked before the run)
+    trace: bool = False                # --trace: the kernel tracer measures the pin's time budget
 
     @property
     def uses_gpu(self) -> bool:
@@ -340,10 +342,14 @@ def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup
     sup = Supervisor(run, prefix, children, opts.driver_method, opts.pinned_size * opts.ranks, interval=opts.interval,
                      stall_after=opts.stall_after, deadline=opts.deadline, on_tick=on_tick)
     state["sup"] = sup
+    tracer = start_trace(run, sup.pids, sup.t0, result["notes"], devices=disks) if opts.trace else None
+    if tracer is not None:
+        cleanup.push("tracefs instances", lambda: tracer.stop().get("cleanup_problems") or [])
     try:
         _drive(opts, sup, cgroups, result)
     finally:
         result["watchdog"] = sup.finish()
+        reproduction_budgets(tracer, sup.pids, sup.pin_t, sup.pin_end_t, result)
 
 
 def _all(children: list[Child], *names: str) -> Callable[[], bool]:

@@ -26,6 +26,7 @@ from .render import watch_verdict
 from .result import WatchResult
 from .sampler import Sampler
 from .timeline import TimelineWriter, write_stacks
+from .traced import finish_trace, start_trace
 
 __all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded"]
 
@@ -53,6 +54,7 @@ class WatchOptions:
     quiet_s: float = 5.0                # a phase shorter than this gets no heartbeat
     until: str = "quiet"                # --pid: 'quiet' (the whole load) or 'pin' (the first pin's return)
     quiet_after: float = QUIET_AFTER_S  # --pid: seconds with no phase open and nothing moving end the watch
+    trace: bool = False                 # --trace: the kernel tracer (diag.trace) measures each phase's budget
 
 
 class Clock:
@@ -132,6 +134,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
             result.verdict = f"no process {pid} to watch (it does not exist, or /proc/{pid} cannot be read)"
         return result
     result.name = first.get("name")
+    tracer = start_trace(run, [pid], clock.t0, result.notes) if opts.trace else None
     result.facts = node_facts(Root(root.path, run=run))
     result.stacks.append(write_stacks(run, "stacks-start.txt", [pid], "at the attach", proc=sampler.proc))
     book = PhaseBook(opts.size_bytes, sampler.page, nvidia=nvidia_loaded(root), interval_s=opts.interval)
@@ -178,6 +181,8 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
         outcome = "interrupted"
     finally:
         writer.close()
+        if tracer is not None:
+            tracer.stop()
     if outcome in ("deadline", "interrupted") and book.open:
         result.stacks.append(write_stacks(run, f"stacks-{outcome}.txt", [pid], f"at the {outcome}", proc=sampler.proc))
     result.stalls = stalls.events
@@ -194,6 +199,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
                    else "completed")
     result.outcome = outcome
     result.verdict = watch_verdict(result)
+    finish_trace(tracer, result)  # after the verdict: it quotes the main phase's budget
     result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED,
                         "unknown": EXIT_UNEVALUATED}.get(outcome, EXIT_FAIL)
     return result

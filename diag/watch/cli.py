@@ -56,10 +56,12 @@ class _Heartbeat:
 @click.option("--heartbeat", type=FiniteRange(min=0.5), default=None,
               help="Seconds between stderr lines during a pin phase (launcher form: default 30; --pid: off, a "
                    "terminal gets a live line instead).")
+@click.option("--trace", "trace", is_flag=True,
+              help="Measure where each pin phase's time goes inside the kernel (tracefs; root): phases[].time_budget.")
 @json_option
 @out_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
-def watch(pid, size, interval, deadline, until, quiet_after, stall_after, heartbeat, as_json, out, command):
+def watch(pid, size, interval, deadline, until, quiet_after, stall_after, heartbeat, trace, as_json, out, command):
     """Name the cause of a pin while it happens: attach to a process, or run a command under the watch.
 
     \b
@@ -97,8 +99,11 @@ def watch(pid, size, interval, deadline, until, quiet_after, stall_after, heartb
     if command and as_json:
         raise click.UsageError("--json would mix hostpin's JSON into CMD's stdout; write it to a file with "
                                "--json-file PATH")
+    if trace:
+        from .traced import refuse_trace_without_root
+        refuse_trace_without_root()
     opts = WatchOptions(size_bytes=size, interval=interval, deadline=deadline, stall_after=stall_after,
-                        heartbeat=heartbeat or 30.0, until=until, quiet_after=quiet_after)
+                        heartbeat=heartbeat or 30.0, until=until, quiet_after=quiet_after, trace=trace)
     # CMD's life and exit code come first: a run directory that cannot be made, or a disk that
     # fills while CMD runs, loses the evidence (a warning on stderr), never CMD
     run = open_run(out, "watch", durable=True, keep_going=True)

@@ -31,6 +31,7 @@ from .render import heartbeat_line
 from .result import WatchResult
 from .sampler import Sampler, descendants
 from .timeline import TimelineWriter, write_stacks
+from .traced import finish_trace, start_trace
 
 __all__ = ["run_command", "FORWARDED", "TREE_EVERY_S", "IDLE_EVERY_S"]
 
@@ -101,6 +102,7 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
         result.verdict = f"{argv[0]}: cannot run it: {exc.strerror or exc}"
         return result
     result.pid = child.pid
+    tracer = start_trace(run, [child.pid], clock.t0, result.notes) if opts.trace else None
     owner = _foreground(child.pid)
     received: list[int] = []
 
@@ -126,6 +128,8 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
             t = clock.now()
             if t - tree_at >= TREE_EVERY_S:
                 tree, tree_at = descendants(root, child.pid), t
+                if tracer is not None:
+                    tracer.follow(tree)
             s = sampler.sample(t, tree, book.active_tids())
             samples += 1
             started, ended = book.update(s)
@@ -175,6 +179,8 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
             signal.signal(s_, h)
         _take_back(owner)
         writer.close()
+        if tracer is not None:
+            tracer.stop()
     rc = child.wait()
     if book.open:  # CMD ended while a thread was in a pin: close it as it stands
         result.stacks.append(write_stacks(run, "stacks-open-phases.txt", [p for p, _ in book.open], "at the end",
@@ -185,4 +191,5 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
     result.outcome = "command"
     result.stalls = stalls.events
     finish_result(result, book, sampler, clock, samples, load)
+    finish_trace(tracer, result)
     return result

@@ -54,6 +54,7 @@ class PhaseResult:
     notes: list[str] = field(default_factory=list)
     pin: bool = True                   # False: the load around a pin (a copy from swap, a file read, an allocation)
     words: str | None = None           # what a phase that is no pin is, in words
+    time_budget: dict | None = None    # --trace: diag.trace.budget (causes, explained, events, dropped, io)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class WatchResult(Result):
     notes: list[str] = field(default_factory=list)
     watcher: dict | None = None        # the watch's own cost: cpu_s, wall_s, cpu_pct_of_core, samples
     facts: dict | None = None
+    trace: dict | None = None          # --trace: the tracer's summary (instances, events, dropped, buffers, xids)
     run_dir: str | None = None
 
     @property
