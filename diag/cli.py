@@ -328,9 +328,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         raise click.UsageError("give --json or --format, not both")
     probe = None
     if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
-        from .cuda import ProbeRun
-        probe = ProbeRun(cuda_timeout)
+        from .cuda import ProbeRun, take_early  # (or before click's: the console command's start_early)
+        probe = take_early(cuda_timeout) or ProbeRun(cuda_timeout)
         click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
+    else:
+        from .cuda import cancel_early
+        cancel_early()
     from .checks import Plan
     from .checks.suite import all_checks
     from .preflight import run_preflight

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["probe_in_child", "probe_argv_env", "ProbeRun", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
+__all__ = ["probe_in_child", "probe_argv_env", "ProbeRun", "start_early", "take_early", "cancel_early", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -223,6 +223,8 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
         proc.kill()
         stdout, stderr = proc.communicate()
         return {"status": "timeout", "duration_s": round(time.monotonic() - t0, 3),
+                "parent_at": {"spawn": round(spawned, 4), "popen_returned": popen_returned,
+                              "read": round(time.time(), 4)},
                 "message": f"the CUDA probe did not answer within {timeout:g} s (a hung driver?); killed",
                 "stdout": (stdout or b"").decode(errors="replace"),
                 "stderr": (stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
@@ -254,13 +256,18 @@ class ProbeRun:
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT_S):
         self.box: dict[str, Any] = {"started": time.time()}
+        self.timeout = timeout
+        self.early = False  # started by the console command before click (start_early)
         self._proc = None
         self._cancelled = threading.Event()
         self.thread = threading.Thread(target=self._work, args=(timeout,), name="cuda-probe", daemon=True)
         self.thread.start()
 
     def _work(self, timeout: float) -> None:
-        self.box["result"] = probe_in_child(timeout, started=self._started)
+        result = probe_in_child(timeout, started=self._started)
+        if isinstance(result.get("parent_at"), dict):
+            result["parent_at"]["early"] = self.early
+        self.box["result"] = result
 
     def _started(self, proc) -> None:
         self._proc = proc
@@ -291,6 +298,51 @@ def _child_main() -> None:
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)
+
+
+_EARLY: dict[str, Any] = {}
+_NOT_EARLY = ("--no-cuda", "--help", "-h", "--root", "--cuda-timeout", "--config")
+
+
+def start_early(argv: list[str]) -> None:
+    """The console command calls this first, before click and the readers are imported (0.1 s
+    and more of a command's start-up): `hostpin preflight ...` that will surely run the probe starts
+    its child now, and preflight takes it (take_early). Surely: no --no-cuda, --root, --help,
+    --cuda-timeout or --config, and no site file (one could say no_cuda). A command that ends
+    without taking it (a bad option) kills the child at exit."""
+    if not argv or argv[0] != "preflight" or any(a.split("=", 1)[0] in _NOT_EARLY for a in argv[1:]):
+        return
+    named = os.environ.get("HOSTPIN_CONFIG")  # diag.config's rule: this variable, else the default file
+    if named is not None and named.strip().lower() != "none" or named is None and os.path.lexists(
+            "/etc/hostpin/hostpin.toml"):
+        return
+    import atexit
+    run = ProbeRun(DEFAULT_TIMEOUT_S)
+    run.early = True
+    _EARLY["run"] = run
+
+    def _leave_no_child() -> None:
+        if _EARLY.pop("run", None) is run:
+            run.cancel()
+            run.thread.join(2.0)
+
+    atexit.register(_leave_no_child)
+
+
+def take_early(timeout: float) -> "ProbeRun | None":
+    """The child start_early started, if it runs with this timeout (else it is killed: None)."""
+    run = _EARLY.pop("run", None)
+    if run is not None and run.timeout != timeout:
+        run.cancel()
+        return None
+    return run
+
+
+def cancel_early() -> None:
+    """A preflight that needs no probe after all kills the child start_early started."""
+    run = _EARLY.pop("run", None)
+    if run is not None:
+        run.cancel()
 
 
 if __name__ == "__main__":

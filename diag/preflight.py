@@ -26,6 +26,9 @@ from .units import format_bytes
 __all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe", "record_probe", "record_node_probe"]
 
 
+NEEDS_PROBE = frozenset({"device", "cotenants", "numa", "iommu"})  # the checks that read the CUDA probe's result
+
+
 def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
     """(CUDA facts a snapshot kept next to its tree, state): state is ok, not captured or damaged.
     The file is read without following a link (diag.confined): a planted link is damage."""
@@ -110,8 +113,11 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
     def join_probe() -> None:
         nonlocal probe_thread
         if probe_thread is not None:
+            needed = time.time()
             probe_thread.join()
             ctx.cuda = box["result"]
+            if isinstance(ctx.cuda.get("parent_at"), dict):  # where the command waited on the child
+                ctx.cuda["parent_at"].update(needed=round(needed, 4), joined=round(time.time(), 4))
             record_probe(run, ctx.cuda)
             probe_thread = None
 
@@ -127,12 +133,14 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
         return _error_result(plan, root_dir, root, run, f"cannot evaluate this node: {what}; {hint}", t0)
     ctx.cgroup  # a --pid/--cgroup that cannot be found is the caller's error, before any check runs
 
-    verdicts: list[tuple[Any, Verdict]] = []
-    for check in all_checks():
+    by_id: dict[str, Verdict] = {}
+    registry = all_checks()
+    # the checks that read the probe's result run last, so that the others overlap the child
+    for check in sorted(registry, key=lambda c: c.id in NEEDS_PROBE):
         if check.id in skip:
-            verdicts.append((check, Verdict(SKIP, "skipped on request (--skip)")))
+            by_id[check.id] = Verdict(SKIP, "skipped on request (--skip)")
             continue
-        if check.id in ("device", "cotenants", "numa", "iommu"):
+        if check.id in NEEDS_PROBE:
             join_probe()
         try:
             verdict = check.run(ctx)
@@ -143,8 +151,9 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
             verdict = Verdict(ERROR, f"check crashed: {type(exc).__name__}: {exc} at {Path(where.filename).name}:"
                                      f"{where.lineno} (please report this)",
                               "report it with the run directory; --skip this check to accept the gap")
-        verdicts.append((check, verdict))
+        by_id[check.id] = verdict
     join_probe()
+    verdicts: list[tuple[Any, Verdict]] = [(c, by_id[c.id]) for c in registry]  # the registry's order, as before
 
     verdicts.sort(key=lambda cv: STATUS_ORDER[cv[1].status])
     checks = [CheckResult(id=c.id, title=c.title, status=v.status, summary=v.summary, remedy=v.remedy,
