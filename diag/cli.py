@@ -392,7 +392,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate, probe=probe)
+                                       swap_rate=swap_rate, probe=probe,
+                                       warm=("diag.render",) if fmt == "table" and not as_json else ("diag.gate",))
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})
