@@ -26,12 +26,14 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+SMI_QUERY = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id", "--format=csv"]  # as diag.gpuprocs runs it
 FLOOR_CUINIT = "from cuda.bindings import driver; driver.cuInit(0)"
 # the probe's child exactly as preflight starts it (python -S, its import path handed over), timed from a parent
 PROBE_AS_STARTED = ("import subprocess, sys; from diag.cuda import probe_argv_env; argv, env = probe_argv_env(); "
@@ -102,7 +104,7 @@ def time_timeline(cmd: list[str], out_dir: str, runs: int) -> dict:
     """The CUDA case again, each run with a run directory of its own, read back for the stages."""
     env = _env()
     lines: dict[str, list[float]] = {}
-    early, statuses = set(), set()
+    early, statuses, sources = set(), set(), set()
     for i in range(runs + 1):
         where = os.path.join(out_dir, f"timeline{i}")
         launched = time.time()
@@ -117,11 +119,20 @@ def time_timeline(cmd: list[str], out_dir: str, runs: int) -> dict:
         except (IndexError, OSError, ValueError):
             continue
         statuses.add(str(probe.get("status")))
+        try:  # where cotenants took the GPU's processes from: NVML in the probe, or nvidia-smi after it
+            with open(os.path.join(os.path.dirname(os.path.dirname(found[0])), "result.json")) as fh:
+                checks = json.load(fh).get("checks") or []
+            ev = next((c.get("evidence") or {} for c in checks if c.get("id") == "cotenants"), {})
+            sources.add(f"{ev.get('gpu_processes_source')}" + (f" ({ev['gpu_processes_error']})"
+                                                                 if ev.get("gpu_processes_error") else ""))
+        except (OSError, ValueError, AttributeError):
+            sources.add("result.json unreadable")
         early.add((probe.get("parent_at") or {}).get("early"))
         for key, value in timeline_of(probe, launched, ended).items():
             lines.setdefault(key, []).append(value)
     med = {k: round(statistics.median(lines[k]), 4) for k in TIMELINE if k in lines}
     return {"runs": runs, "statuses": sorted(statuses), "early_start": sorted(map(str, early)),
+            "cotenants_gpu_processes_source": sorted(sources),
             "stages_median_s_since_launch": med}
 
 
@@ -146,7 +157,8 @@ def stages_text(name: str, r: dict) -> str:
     was spawned, the child's start-up, its steps, how long the parent waited, and what came after."""
     st = r["stages_median_s_since_launch"]
     text = [f"{name} (median of {r['runs']} runs; status {','.join(r['statuses'])}; started early: "
-            f"{','.join(r['early_start'])}), s since launch:",
+            f"{','.join(r['early_start'])}; cotenants' GPU processes from: "
+            f"{'; '.join(r.get('cotenants_gpu_processes_source') or ['-'])}), s since launch:",
             "  " + ", ".join(f"{k} {v:.3f}" for k, v in st.items())]
 
     def span(a: str, b: str) -> str:
@@ -185,6 +197,8 @@ def main() -> None:
                                                        f"import sys; sys.path.insert(0, {where!r}); {FLOOR_CUINIT}"]
             cases["probe child: python -m diag.cuda probe"] = [py, "-m", "diag.cuda", "probe"]
             cases["probe child as preflight starts it (-S)"] = [py, "-c", PROBE_AS_STARTED]
+            if shutil.which("nvidia-smi"):  # what cotenants runs when no NVML result came (also under --no-cuda)
+                cases["nvidia-smi --query-compute-apps (cotenants without NVML)"] = SMI_QUERY
         if opts.cuda and opts.floor:  # a --cuda-timeout keeps the child from starting before click: what that saves
             cases["preflight (CUDA probe started late)"] = plan + ["--cuda-timeout", "15"]
         for name, cmd in cases.items():
