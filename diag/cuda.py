@@ -88,7 +88,8 @@ def probe(nvml: bool = True) -> dict[str, Any]:
     def mark(step: str) -> None:
         timings[step] = round(time.monotonic() - t0, 4)
 
-    reader = _Nvml(t0, timings) if nvml else None
+    # beside cuInit only where a driver is loaded: without one cuInit fails at once and NVML is never read
+    reader = _Nvml(t0, timings) if nvml and os.path.exists("/proc/driver/nvidia/version") else None
     try:
         import cuda.bindings
         from cuda.bindings import driver
@@ -154,8 +155,12 @@ def probe(nvml: bool = True) -> dict[str, Any]:
     if count == 0:
         out.update(status="no_device", message="the driver sees no CUDA device")
         return out
-    if reader is not None:
-        out["gpu_processes"] = reader.join()  # co-tenants (catalog 7), read here: NVML may hang like CUDA
+    if nvml:  # co-tenants (catalog 7), read here: NVML may hang like CUDA
+        if reader is not None:
+            out["gpu_processes"] = reader.join()
+        else:  # a driver without /proc/driver/nvidia (a container that hides it): read after cuInit, as before
+            from .gpuprocs import nvml_processes
+            out["gpu_processes"] = nvml_processes()
         mark("nvml")
     out.update(status="ok", message=f"{count} device(s), CUDA driver API {out['driver_version']}")
     return out

@@ -12,9 +12,9 @@ import sys
 
 
 def _interrupted_at_start_up(signum, frame):  # nothing is set up yet but the probe's child: kill it
-    early = sys.modules.get("diag.cuda")
-    if early is not None:
-        early.cancel_early()
+    cancel = getattr(sys.modules.get("diag.cuda"), "cancel_early", None)  # None while it is still importing
+    if cancel is not None:
+        cancel()
     os.write(2, b"hostpin: interrupted\n")
     os._exit(130)
 
