@@ -499,6 +499,10 @@ def output_fd(out: Path | str) -> int | None:
             continue
         if (sst.st_dev, sst.st_ino) == (target.st_dev, target.st_ino):
             return os.dup(std)
+    if stat.S_ISFIFO(target.st_mode) and target.st_uid != os.geteuid():
+        # another user's pipe (one planted in /tmp): its reader could stop reading and hold the write forever
+        raise PathRefused(f"{shown}: a named pipe of uid {target.st_uid}, not this user's; never written (give a "
+                          "file name)")
     chr_ok = stat.S_ISCHR(target.st_mode) and (target.st_rdev == _DEV_NULL or os.major(target.st_rdev) in _TTY_MAJORS)
     if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
         leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"

@@ -1,0 +1,197 @@
+"""The third attack (issue 19's fresh attack on the merged main), as a hostile user and a hostile
+input: another user's named pipe at --json-file, the job's PYTORCH_CUDA_ALLOC_CONF and a torch
+version in the preflight verdict, --alloc-conf sizes PyTorch refuses, a --python that prints without
+end or lies, and captured trees with numbers and NUMA files no kernel writes. Each case runs the
+real CLI (or the real check) against real files, the real kernel, a second user through setpriv
+(nobody) and real child processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import CI_SNAPSHOT, IS_ROOT, REPO, hostpin
+
+NOBODY = 65534
+SETPRIV = shutil.which("setpriv")
+PYTHON3 = shutil.which("python3", path="/usr/bin:/bin")
+needs_nobody = pytest.mark.skipif(not IS_ROOT or SETPRIV is None or PYTHON3 is None,
+                                  reason="a second user needs root, setpriv (util-linux) and /usr/bin/python3")
+CI_CGROUP = "sys/fs/cgroup/memory/process_api/18795cad93a3ce3c9c140697a9dffbb6"
+
+
+def as_nobody(*argv: str) -> list[str]:
+    return [SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+
+
+def checks_of(r: subprocess.CompletedProcess) -> dict[str, dict]:
+    return {c["id"]: c for c in json.loads(r.stdout)["checks"]}
+
+
+# -- another user's named pipe at an output path ------------------------------------------------------------
+@pytest.fixture
+def sticky_dir():
+    """A world-writable sticky directory like /tmp (under /tmp, so nobody can reach it)."""
+    d = Path(f"/tmp/hostpin-attack3-{uuid.uuid4().hex[:8]}")
+    d.mkdir()
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+READER = ("import fcntl, os, sys, time\n"
+          "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)\n"
+          "fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ: one page, so any document fills it\n"
+          "print('ready', flush=True)\n"
+          "time.sleep(120)\n")
+
+
+@needs_nobody
+def test_another_users_fifo_at_json_file_is_refused_not_written_forever(tmp_path, sticky_dir):
+    """nobody plants a FIFO at the name root gives --json-file in /tmp, opens it for reading and
+    never reads: the write blocked preflight forever (a prolog that never ends). Refused, exit 2."""
+    fifo = sticky_dir / "hostpin.json"
+    subprocess.run(as_nobody("mkfifo", str(fifo)), check=True)
+    reader = subprocess.Popen(as_nobody(PYTHON3, "-c", READER, str(fifo)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        try:
+            r = hostpin("preflight", "--no-cuda", "--json-file", str(fifo), "--out", str(tmp_path / "runs"),
+                        timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("preflight --json-file on another user's FIFO hung (the reader never reads)")
+        assert time.monotonic() - t0 < 30
+        assert r.returncode == 2, r.stderr
+        assert "uid 65534" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        reader.kill()
+        reader.wait()
+
+
+def test_own_fifo_at_json_file_is_still_written_through(tmp_path):
+    """The rule keeps the launcher's own pipe: a FIFO of this user that a reader drains gets the document."""
+    fifo = tmp_path / "doc.fifo"
+    os.mkfifo(fifo)
+    drain = ("import json, os, sys\n"
+             "fd = os.open(sys.argv[1], os.O_RDWR)  # a write end of its own: hostpin's check opens and closes\n"
+             "buf = b''\n"
+             "while True:\n"
+             "    buf += os.read(fd, 65536)\n"
+             "    try:\n"
+             "        print('doc', 'checks' in json.loads(buf)); break\n"
+             "    except ValueError:\n"
+             "        pass\n")
+    reader = subprocess.Popen([sys.executable, "-c", drain, str(fifo)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    r = hostpin("preflight", "--no-cuda", "--json-file", str(fifo), "--out", str(tmp_path / "runs"), timeout=60)
+    out, _ = reader.communicate(timeout=30)
+    assert r.returncode in (0, 1, 3), r.stderr
+    assert out.strip() == "doc True", out
+
+
+# -- foreign text in the preflight verdict ----------------------------------------------------------------
+def test_alloc_conf_and_torch_version_cannot_forge_a_line(tmp_path):
+    """The job's PYTORCH_CUDA_ALLOC_CONF (a prolog runs with it) and --torch-version were echoed in the
+    verdict with their LF: 'FAKE: PASS' stood on a line of its own in the prolog's log."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True\nFAKE:PASS")
+    r = hostpin("preflight", "--no-cuda", "--size", "1GiB", "--allocator", "torch", "--torch-version",
+                "2.11.0\nFORGED: all verified", "--out", str(tmp_path / "runs"), env=env, timeout=60)
+    assert r.returncode in (0, 1, 3), r.stderr
+    lines = r.stdout.splitlines()
+    assert not [line for line in lines if line.startswith(("FAKE", "FORGED"))], r.stdout[:2000]
+    assert "FAKE:PASS" in r.stdout and "FORGED: all verified" in r.stdout  # still said, as one line
+
+
+# -- --alloc-conf sizes PyTorch refuses -------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["\u0661\u0662",            # Arabic-Indic 12: str.isdigit(), not stoul's
+                                   "9" * 53,                  # past a size_t of bytes
+                                   "9" * 5000])               # past Python's own int() limit
+def test_alloc_conf_sizes_pytorch_refuses_are_a_bad_command_line(tmp_path, value):
+    r = hostpin("preflight", "--no-cuda", "--size", "1GiB", "--allocator", "torch", "--torch-version", "2.11.0",
+                "--alloc-conf", f"pinned_reserve_segment_size_mb:{value}", "--out", str(tmp_path / "runs"),
+                timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout[:500], r.stderr[:500])
+    assert "pinned_reserve_segment_size_mb" in r.stderr and "set_int_max_str_digits" not in r.stderr
+    assert len(r.stderr) < 600, r.stderr[:700]
+
+
+# -- a --python that prints without end, or lies -----------------------------------------------------------
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return p
+
+
+def test_python_that_prints_without_end_costs_no_memory(tmp_path):
+    """check_torch kept all of --python's output in memory: 150 MB printed made hostpin's RSS ~450 MB."""
+    bomb = _script(tmp_path, "python", "head -c 150000000 /dev/zero | tr '\\0' x\necho\necho 2.11.0\n")
+    probe = ("import resource, repro.register as r\n"
+             "try:\n    print('version', r.check_torch(%r))\n"
+             "except r.ReproError as e:\n    print('refused', e)\n"
+             "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n" % str(bomb))
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rss = int(p.stdout.split("maxrss_kb")[1])
+    assert rss < 100_000, p.stdout[-300:]
+    assert p.stdout.startswith(("version", "refused"))
+
+
+def test_python_whose_version_is_no_version_is_refused(tmp_path):
+    liar = _script(tmp_path, "python", "printf '2.11.0\\nFAKE: ok\\n'\n")
+    probe = ("import repro.register as r\n"
+             "try:\n    print('version', r.check_torch(%r))\n"
+             "except r.ReproError as e:\n    print('refused', e)\n" % str(liar))
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert p.stdout.startswith("refused") and "not a version" in p.stdout, p.stdout
+
+
+# -- captured trees with numbers and NUMA files no kernel writes --------------------------------------------
+def test_numa_meminfo_short_line_and_odd_node_name_are_no_crash(tmp_path, tree):
+    """'x  ' in a node's meminfo (IndexError) and a directory node\u00b2 (ValueError: str.isdigit()
+    but not int()) crashed the numa check ('check crashed ... please report this')."""
+    for name, text in (("node0", "Node 0 MemTotal: 1048576 kB\nx  \n"), ("node\u00b2", None)):
+        t = tree(CI_SNAPSHOT)
+        if text is None:
+            (t.path / "sys/devices/system/node" / name).mkdir(parents=True)
+        else:
+            t.write(f"sys/devices/system/node/{name}/meminfo", text)
+        r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs"),
+                    timeout=60)
+        numa = checks_of(r).get("numa")
+        assert numa is None or "crashed" not in numa["summary"], numa
+
+
+def test_a_number_of_5000_digits_is_a_damaged_reading(tmp_path, tree):
+    """int() refuses 4,300 digits and more: 'could not evaluate TREE: ValueError ... (at parsing.py)'."""
+    t = tree(CI_SNAPSHOT)
+    meminfo = (t.path / "proc/meminfo").read_text()
+    t.write("proc/meminfo", meminfo.replace("MemFree:", "MemFree: " + "9" * 5000 + " kB\nXMemFree:", 1))
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--out", str(tmp_path / "runs"), timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "ValueError" not in r.stderr and "could not evaluate" not in r.stderr, r.stderr[:500]
+    assert "MemFree" in r.stdout, r.stdout[:1500]
+
+
+def test_a_cgroup_page_cache_of_400_digits_is_no_crash(tmp_path, tree):
+    """memory.stat total_inactive_file 10^400 crashed headroom in format_bytes (OverflowError)."""
+    t = tree(CI_SNAPSHOT)
+    t.write(f"{CI_CGROUP}/memory.limit_in_bytes", "8589934592\n")
+    stat = (t.path / CI_CGROUP / "memory.stat").read_text()
+    t.write(f"{CI_CGROUP}/memory.stat", "\n".join(f"total_inactive_file {10 ** 400}" if line.startswith(
+        "total_inactive_file ") else line for line in stat.splitlines()) + "\n")
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs"),
+                timeout=60)
+    head = checks_of(r)["headroom"]
+    assert r.returncode == 3 and "crashed" not in head["summary"], head["summary"]
+    assert "memory.stat" in head["summary"], head["summary"]
