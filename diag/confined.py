@@ -470,7 +470,7 @@ def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS
     return value if isinstance(value, dict) else None
 
 
-def output_fd(out: Path | str) -> int | None:
+def output_fd(out: Path | str, check_only: bool = False) -> int | None:
     """Where -o goes when it is not a file to replace: a descriptor to write through for `-`
     (stdout), or for a named pipe, a terminal or /dev/null, also behind a link (/dev/stdout is
     one, to /proc/self/fd/1); None for a file to create or replace. Anything else that is there is
@@ -507,6 +507,8 @@ def output_fd(out: Path | str) -> int | None:
     if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
         leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
         raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
+    if check_only:  # judged, not opened: a writer that opens and closes a pipe ends its reader (`cat FIFO`)
+        return None
     try:
         fd = os.open(out, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

@@ -210,7 +210,9 @@ def _torch_rules(plan: Plan) -> str:
     # foreign text (the job's PYTORCH_CUDA_ALLOC_CONF, a dist-info's version): one line, or a LF forges one
     version = f"PyTorch {one_line(t['version'])} ({t['version_source']})" if t.get("version") else \
         "PyTorch version not known"
-    conf = f"{t['conf_source']}={one_line(t['conf'])}" if t.get("conf") else f"allocator settings: {t['conf_source']}"
+    shown = one_line(t["conf"] or "")
+    shown = shown if len(shown) <= 300 else f"{shown[:300]}... ({len(shown):,} characters; all of it in the JSON)"
+    conf = f"{t['conf_source']}={shown}" if t.get("conf") else f"allocator settings: {t['conf_source']}"
     return (f"; {version}, {conf}: " + "; ".join(t["rules"])
             + "".join(f"; {n}" for n in t.get("notes") or []))
 

@@ -99,6 +99,22 @@ def test_own_fifo_at_json_file_is_still_written_through(tmp_path):
     assert out.strip() == "doc True", out
 
 
+def test_json_file_fifo_read_by_cat_gets_the_document(tmp_path):
+    """`mkfifo F; cat F & hostpin preflight --json-file F`: the option's check opened and closed the
+    FIFO, which ended cat (EOF) before anything was written; the document was lost ("nobody reads")."""
+    fifo = tmp_path / "doc.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        time.sleep(0.3)
+        r = hostpin("preflight", "--no-cuda", "--json-file", str(fifo), "--out", str(tmp_path / "runs"), timeout=60)
+        out, _ = reader.communicate(timeout=30)
+    finally:
+        reader.kill()
+    assert "cannot write" not in r.stderr, r.stderr
+    assert "checks" in json.loads(out)
+
+
 # -- foreign text in the preflight verdict ----------------------------------------------------------------
 def test_alloc_conf_and_torch_version_cannot_forge_a_line(tmp_path):
     """The job's PYTORCH_CUDA_ALLOC_CONF (a prolog runs with it) and --torch-version were echoed in the
@@ -195,3 +211,14 @@ def test_a_cgroup_page_cache_of_400_digits_is_no_crash(tmp_path, tree):
     head = checks_of(r)["headroom"]
     assert r.returncode == 3 and "crashed" not in head["summary"], head["summary"]
     assert "memory.stat" in head["summary"], head["summary"]
+
+
+def test_a_long_alloc_conf_is_cut_in_the_verdict(tmp_path):
+    """A 100 KB PYTORCH_CUDA_ALLOC_CONF (the job's environment) made a 100 KB verdict line in the
+    prolog's log; the JSON keeps it whole."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True," * 4000)
+    r = hostpin("preflight", "--no-cuda", "--size", "1GiB", "--allocator", "torch", "--torch-version", "2.11.0",
+                "--json", "--out", str(tmp_path / "runs"), env=env, timeout=60)
+    doc = json.loads(r.stdout)
+    assert len(doc["verdict"]) < 4000, len(doc["verdict"])
+    assert "100,000 characters" in doc["verdict"] and env["PYTORCH_CUDA_ALLOC_CONF"] in r.stdout
