@@ -222,3 +222,74 @@ def test_a_long_alloc_conf_is_cut_in_the_verdict(tmp_path):
     doc = json.loads(r.stdout)
     assert len(doc["verdict"]) < 4000, len(doc["verdict"])
     assert "100,000 characters" in doc["verdict"] and env["PYTORCH_CUDA_ALLOC_CONF"] in r.stdout
+
+
+# -- foreign text in report.md: a repro register or watch run from another node ----------------------------
+FORGED = "x\n# FAKE: all verified\n![b](http://beacon.example/b.png) | <img src=http://beacon.example/c>"
+
+
+def _forge(run: Path, change) -> None:
+    p = run / "result.json"
+    doc = json.loads(p.read_text())
+    change(doc)
+    p.write_text(json.dumps(doc))
+
+
+def _prose(md: str) -> list[str]:
+    """report.md's lines outside its fenced raw evidence."""
+    lines, fence = [], None
+    for line in md.splitlines():
+        if fence is None and line.startswith("```"):
+            fence = line[:len(line) - len(line.lstrip("`"))]
+        elif fence is not None and line.startswith(fence):
+            fence = None
+        elif fence is None:
+            lines.append(line)
+    return lines
+
+
+def _assert_inert(md: str) -> None:
+    prose = _prose(md)
+    assert not [x for x in prose if x.startswith("# FAKE")], "\n".join(prose)
+    assert not [x for x in prose if "![b]" in x or "<img" in x], "\n".join(x for x in prose if "beacon" in x)
+
+
+def test_a_repro_runs_notes_and_cells_cannot_write_report_md(tmp_path):
+    """A bundle's repro register result (its notes, 'why', a rank's error) reached report.md raw:
+    a heading of its own, an image beacon, a '|' that ends the table cell."""
+    r = hostpin("repro", "register", "--method", "mlock", "--size", "4MiB", "--out", str(tmp_path / "runs"),
+                timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((tmp_path / "runs").iterdir())
+
+    def change(doc):
+        doc["notes"].append("through PyTorch 2.11.0" + FORGED)
+        doc["bound_reason"] = FORGED
+        doc["ranks"].append(dict(doc["ranks"][0], rank=1, outcome="error", error={"name": FORGED, "catalog": FORGED}))
+    _forge(run, change)
+    out = tmp_path / "report.md"
+    r = hostpin("report", str(run), "-o", str(out), timeout=60)
+    assert r.returncode == 0, r.stderr
+    _assert_inert(out.read_text())
+
+
+def test_a_watch_runs_notes_and_phases_cannot_write_report_md(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = hostpin("watch", "--pid", str(sleeper.pid), "--deadline", "1", "--out", str(tmp_path / "runs"), timeout=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 1, r.stderr
+    run = next((tmp_path / "runs").iterdir())
+
+    def change(doc):
+        doc["notes"] = (doc.get("notes") or []) + [FORGED]
+        doc["remedy"] = FORGED
+        doc["phases"] = [{"pid": 1, "kind": FORGED, "outcome": FORGED, "bound": FORGED, "bound_reason": FORGED,
+                          "catalog": FORGED}]
+    _forge(run, change)
+    out = tmp_path / "report.md"
+    r = hostpin("report", str(run), "-o", str(out), timeout=60)
+    assert r.returncode == 0, r.stderr
+    _assert_inert(out.read_text())
