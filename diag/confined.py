@@ -556,7 +556,8 @@ def replace_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise PathRefused(f"{out} is {_kind(st.st_mode)}, not a regular file; give a file name")
     parent = out.parent if str(out.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+    # the name cut so that the temporary one stays within NAME_MAX (255) for a name of up to 255
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:200]}.", suffix=".tmp", dir=parent)
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)

@@ -115,6 +115,16 @@ def test_json_file_fifo_read_by_cat_gets_the_document(tmp_path):
     assert "checks" in json.loads(out)
 
 
+def test_json_file_of_a_long_legal_name_is_written(tmp_path):
+    """A file name of 250 bytes is legal, but its temporary name ('.NAME.XXXXXXXX.tmp') was past
+    NAME_MAX: 'cannot write ...: File name too long' after every run, the document never kept."""
+    f = tmp_path / ("j" * 250)
+    r = hostpin("preflight", "--no-cuda", "--json-file", str(f), "--out", str(tmp_path / "runs"), timeout=60)
+    assert "cannot write" not in r.stderr, r.stderr[:300]
+    assert "checks" in json.loads(f.read_text())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 # -- foreign text in the preflight verdict ----------------------------------------------------------------
 def test_alloc_conf_and_torch_version_cannot_forge_a_line(tmp_path):
     """The job's PYTORCH_CUDA_ALLOC_CONF (a prolog runs with it) and --torch-version were echoed in the
