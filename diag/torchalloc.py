@@ -76,7 +76,7 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
     >>> parse_version("2.11.0+cu130")
     (2, 11, 0)
     """
-    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    m = re.match(r"\s*v?(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?", text or "", re.ASCII)  # no digit of another script
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 

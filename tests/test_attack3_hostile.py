@@ -303,3 +303,11 @@ def test_a_watch_runs_notes_and_phases_cannot_write_report_md(tmp_path):
     r = hostpin("report", str(run), "-o", str(out), timeout=60)
     assert r.returncode == 0, r.stderr
     _assert_inert(out.read_text())
+
+
+@pytest.mark.parametrize("version", ["9" * 5000 + ".1", "\u0662.\u0661\u0661"])  # 5000 digits; Arabic-Indic 2.11
+def test_torch_version_of_no_release_is_a_bad_command_line(tmp_path, version):
+    """5000 digits were 'internal error: ValueError' (exit 3); digits of another script read as 2.11."""
+    r = hostpin("preflight", "--no-cuda", "--size", "1GiB", "--allocator", "torch", "--torch-version", version,
+                "--out", str(tmp_path / "runs"), timeout=60)
+    assert r.returncode == 2 and "--torch-version" in r.stderr and "internal error" not in r.stderr, r.stderr[:300]
