@@ -311,3 +311,17 @@ def test_torch_version_of_no_release_is_a_bad_command_line(tmp_path, version):
     r = hostpin("preflight", "--no-cuda", "--size", "1GiB", "--allocator", "torch", "--torch-version", version,
                 "--out", str(tmp_path / "runs"), timeout=60)
     assert r.returncode == 2 and "--torch-version" in r.stderr and "internal error" not in r.stderr, r.stderr[:300]
+
+
+@pytest.mark.parametrize("exp", [2000, 40])
+def test_a_page_size_no_kernel_has_in_the_node_probe_is_not_taken(tmp_path, tree, exp):
+    """probes/node.json beside a tree said page_size 2^2000: three checks crashed (OverflowError in
+    format_bytes); 2^40 (1 TiB pages) was taken and MemAvailable estimated as 0 B."""
+    t = tree(CI_SNAPSHOT)
+    (t.base / "probes").mkdir(exist_ok=True)
+    (t.base / "probes" / "node.json").write_text(json.dumps({"schema": "hostpin.node-probe", "page_size": 2 ** exp}))
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs"),
+                timeout=60)
+    doc = json.loads(r.stdout)
+    assert not [c["id"] for c in doc["checks"] if "crashed" in (c.get("summary") or "")], r.stdout[:3000]
+    assert str(2 ** exp) not in r.stdout
