@@ -325,3 +325,16 @@ def test_a_page_size_no_kernel_has_in_the_node_probe_is_not_taken(tmp_path, tree
     doc = json.loads(r.stdout)
     assert not [c["id"] for c in doc["checks"] if "crashed" in (c.get("summary") or "")], r.stdout[:3000]
     assert str(2 ** exp) not in r.stdout
+
+
+@pytest.mark.parametrize("devices", [[{"name": ["x"]}], "a string", [{"name": {"a": 1}, "media": "ssd"}]])
+def test_a_node_probes_swap_devices_of_another_shape_are_no_crash(tmp_path, tree, devices):
+    """probes/node.json swap_devices [{"name": ["x"]}] crashed the swap check (TypeError: unhashable)."""
+    t = tree(CI_SNAPSHOT)
+    t.write("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n/var/tmp/swapfile file 1048572 0 -2\n")
+    (t.base / "probes").mkdir(exist_ok=True)
+    (t.base / "probes" / "node.json").write_text(json.dumps({"schema": "hostpin.node-probe", "swap_devices": devices}))
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs"),
+                timeout=60)
+    swap_check = checks_of(r)["swap"]
+    assert "crashed" not in swap_check["summary"], swap_check["summary"]
