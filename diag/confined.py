@@ -470,7 +470,7 @@ def read_json_object(base: Path | str, rel: str, limits: Limits = DEFAULT_LIMITS
     return value if isinstance(value, dict) else None
 
 
-def output_fd(out: Path | str) -> int | None:
+def output_fd(out: Path | str, check_only: bool = False) -> int | None:
     """Where -o goes when it is not a file to replace: a descriptor to write through for `-`
     (stdout), or for a named pipe, a terminal or /dev/null, also behind a link (/dev/stdout is
     one, to /proc/self/fd/1); None for a file to create or replace. Anything else that is there is
@@ -499,10 +499,16 @@ def output_fd(out: Path | str) -> int | None:
             continue
         if (sst.st_dev, sst.st_ino) == (target.st_dev, target.st_ino):
             return os.dup(std)
+    if stat.S_ISFIFO(target.st_mode) and target.st_uid != os.geteuid():
+        # another user's pipe (one planted in /tmp): its reader could stop reading and hold the write forever
+        raise PathRefused(f"{shown}: a named pipe of uid {target.st_uid}, not this user's; never written (give a "
+                          "file name)")
     chr_ok = stat.S_ISCHR(target.st_mode) and (target.st_rdev == _DEV_NULL or os.major(target.st_rdev) in _TTY_MAJORS)
     if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
         leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
         raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
+    if check_only:  # judged, not opened: a writer that opens and closes a pipe ends its reader (`cat FIFO`)
+        return None
     try:
         fd = os.open(out, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -550,7 +556,8 @@ def replace_output(out: Path | str, data: bytes, mode: int = 0o600) -> None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise PathRefused(f"{out} is {_kind(st.st_mode)}, not a regular file; give a file name")
     parent = out.parent if str(out.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+    # the name cut so that the temporary one stays within NAME_MAX (255) for a name of up to 255
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name[:200]}.", suffix=".tmp", dir=parent)
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)

@@ -372,7 +372,7 @@ class Readings:
         if self.root.live:
             return [swap.classify_swap_device(d) for d in devices]
         recorded = {d.get("name"): d for d in (self.node_probe or {}).get("swap_devices") or []
-                    if isinstance(d, dict)}
+                    if isinstance(d, dict) and isinstance(d.get("name"), str)}  # a list there is no name (no crash)
         out = []
         for d in devices:
             rec = recorded.get(d.name.replace("\\040", " "))

@@ -30,7 +30,7 @@ def problem_with(path: Path) -> str | None:
     if not parent.is_dir():
         return f"its directory {parent} does not exist"
     try:
-        fd = output_fd(path)
+        fd = output_fd(path, check_only=True)
     except PathRefused as exc:
         return str(exc)
     except OSError as exc:

@@ -21,7 +21,7 @@ def read_numa_nodes(root: Root) -> list[NumaNode]:
     """Empty when the kernel has no NUMA support (CONFIG_NUMA=n: no node directories)."""
     nodes = []
     for name in root.listdir("sys/devices/system/node"):
-        if not (name.startswith("node") and name[4:].isdigit()):
+        if not (name.startswith("node") and name[4:].isascii() and name[4:].isdigit()):
             continue
         text = root.read_text(f"sys/devices/system/node/{name}/meminfo")
         if text is None:
@@ -31,7 +31,8 @@ def read_numa_nodes(root: Root) -> list[NumaNode]:
             nodes.append(NumaNode(int(name[4:]), None, None, meminfo_read=False))
             continue
         # lines read 'Node 0 MemTotal: ... kB'; drop the 'Node N' prefix
-        info = parse_meminfo("\n".join(line.split(None, 2)[2] for line in text.splitlines() if line.count(" ") >= 2))
+        info = parse_meminfo("\n".join(parts[2] for parts in (line.split(None, 2) for line in text.splitlines())
+                                       if len(parts) == 3))
         nodes.append(NumaNode(int(name[4:]), info.total_bytes, info.free_bytes))
     return sorted(nodes, key=lambda n: n.node)
 

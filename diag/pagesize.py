@@ -57,7 +57,8 @@ def thp_order(pmd_bytes: int | None, page_bytes: int) -> int | None:
 def page_size_for(live: bool, recorded: int | None, pmd_bytes: int | None) -> PageSize:
     if live:
         return PageSize(live_page_size(), "sysconf")
-    if isinstance(recorded, int) and recorded >= 4096 and not recorded & (recorded - 1):
+    # a bundle's probe is foreign: a power of two no kernel has (2^2000) is not taken (at most 256 KiB, hexagon's)
+    if isinstance(recorded, int) and 4096 <= recorded <= 1 << 18 and not recorded & (recorded - 1):
         return PageSize(recorded, "probes/node.json")
     derived = derive_from_pmd(pmd_bytes)
     if derived:

@@ -40,8 +40,8 @@ def to_int(text: str | None) -> int | None:
     if not text:
         return None
     body = text[1:] if text[0] in "+-" else text
-    if not body.isascii() or not body.isdigit():
-        return None
+    if not body.isascii() or not body.isdigit() or len(body) > 20:
+        return None  # past 20 digits it is no 64-bit counter (and int() refuses 4,300 and more)
     return int(text)
 
 

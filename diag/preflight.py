@@ -22,6 +22,7 @@ from .exitcodes import EXIT_FAIL, EXIT_OK, EXIT_UNEVALUATED
 from .facts import DAMAGED, NOT_CAPTURED, OK, live_node_probe, node_facts
 from .results import CheckResult, PreflightResult
 from .rootfs import Root, resolve_root
+from .safetext import one_line
 from .units import format_bytes
 
 __all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe", "record_probe", "record_node_probe"]
@@ -231,8 +232,12 @@ def _torch_rules(plan: Plan) -> str:
     t = plan.torch
     if not t:
         return ""
-    version = f"PyTorch {t['version']} ({t['version_source']})" if t.get("version") else "PyTorch version not known"
-    conf = f"{t['conf_source']}={t['conf']}" if t.get("conf") else f"allocator settings: {t['conf_source']}"
+    # foreign text (the job's PYTORCH_CUDA_ALLOC_CONF, a dist-info's version): one line, or a LF forges one
+    version = f"PyTorch {one_line(t['version'])} ({t['version_source']})" if t.get("version") else \
+        "PyTorch version not known"
+    shown = one_line(t["conf"] or "")
+    shown = shown if len(shown) <= 300 else f"{shown[:300]}... ({len(shown):,} characters; all of it in the JSON)"
+    conf = f"{t['conf_source']}={shown}" if t.get("conf") else f"allocator settings: {t['conf_source']}"
     return (f"; {version}, {conf}: " + "; ".join(t["rules"])
             + "".join(f"; {n}" for n in t.get("notes") or []))
 

@@ -146,6 +146,7 @@ def _preflight_body(r: dict, md: bool) -> str:
 def _repro_body(run: Run, md: bool) -> str:
     r = run.result
     fmt = "github" if md else "simple"
+    safe = md_cell if md else one_line  # a bundle's result is foreign text: no cell, heading or beacon of its own
     rows = []
     for key, label, fn in (("outcome", "outcome", str), ("seconds", "pin time", format_duration),
                            ("rate_gib_s", "rate", lambda v: f"{v:.2f} GiB/s"),
@@ -156,7 +157,7 @@ def _repro_body(run: Run, md: bool) -> str:
                            ("eta_error", "ETA at 20% vs the real end", lambda v: f"{100 * v:+.1f}%"),
                            ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
         if r.get(key) is not None:
-            rows.append([label, fn(r[key])])
+            rows.append([label, safe(fn(r[key]))])
     if r.get("swapped_out_bytes"):
         rows.append(["in swap before the pin", ", ".join(format_bytes(x) for x in r["swapped_out_bytes"] if x is not None)])
     if r.get("pinned_pages") is not None:
@@ -173,11 +174,11 @@ def _repro_body(run: Run, md: bool) -> str:
     if len(ranks) > 1 or any(rk.get("error") for rk in ranks):
         table = [[rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
                   f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "",
-                  (rk.get("error") or {}).get("name") or (rk.get("error") or {}).get("message") or "",
-                  (rk.get("error") or {}).get("catalog") or ""] for rk in ranks]
+                  safe((rk.get("error") or {}).get("name") or (rk.get("error") or {}).get("message") or ""),
+                  safe((rk.get("error") or {}).get("catalog") or "")] for rk in ranks]
         out += "\n" + tabulate(table, headers=["rank", "outcome", "pin", "GiB/s", "error", "catalog"], tablefmt=fmt) + "\n"
     for note in r.get("notes", []):
-        out += f"\nnote: {note}\n"
+        out += f"\nnote: {safe(note)}\n"
     return out
 
 

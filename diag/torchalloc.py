@@ -76,7 +76,7 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
     >>> parse_version("2.11.0+cu130")
     (2, 11, 0)
     """
-    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    m = re.match(r"\s*v?(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?", text or "", re.ASCII)  # no digit of another script
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
@@ -109,8 +109,9 @@ def _bool(key: str, value: str) -> bool:
 
 
 def _mb(key: str, value: str) -> int:
-    if not value.isdigit():
-        raise ValueError(f"{key} takes a whole number of MiB, not {value!r}")
+    # c10 reads it with stoul into a size_t of bytes: ASCII digits only, and no more than 2^64 bytes
+    if not (value.isascii() and value.isdigit()) or len(value) > 20 or int(value) * MiB >= 1 << 64:
+        raise ValueError(f"{key} takes a whole number of MiB below 2^44 (a size_t of bytes), not {value[:40]!r}")
     return int(value) * MiB
 
 
@@ -133,7 +134,7 @@ def parse_alloc_conf(text: str | None) -> AllocConf:
         if key in ("pinned_use_cuda_host_register", "pinned_use_hip_host_register"):
             conf.use_host_register = _bool(key, value)
         elif key == "pinned_num_register_threads":
-            n = int(value) if value.isdigit() else 0
+            n = int(value) if value.isascii() and value.isdigit() and len(value) < 5 else 0
             if n < 1 or n & (n - 1) or n > 128:
                 raise ValueError(f"pinned_num_register_threads takes a power of two up to 128, not {value!r}")
             conf.register_threads = n

@@ -179,13 +179,30 @@ def validate(opts: ReproOptions) -> None:
 TORCH_CHECK_TIMEOUT_S = 120.0  # importing torch reads hundreds of MiB of libraries from a cold disk
 
 
+TORCH_CHECK_OUTPUT = 1 << 20  # what the version check may print (RLIMIT_FSIZE: past it, SIGXFSZ ends it)
+
+
+def _limit_output() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (TORCH_CHECK_OUTPUT, TORCH_CHECK_OUTPUT))
+
+
+def _tail(f) -> str:
+    f.seek(max(0, f.seek(0, 2) - 4096))
+    return f.read().decode("utf-8", "replace")
+
+
 def check_torch(python: str) -> str:
     """torch.__version__ as PATH's interpreter imports it (never in this process). ReproError
     "PyTorch is not importable by PATH" when it cannot."""
     import subprocess
-    try:
-        proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                              text=True, timeout=TORCH_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    import tempfile
+    try:  # into files whose tails are read: an interpreter that prints without end costs no memory here
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], stdout=out, stderr=err,
+                                  timeout=TORCH_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                                  preexec_fn=_limit_output)
+            proc.stdout, proc.stderr = _tail(out), _tail(err)
     except subprocess.TimeoutExpired:
         raise ReproError(f"PyTorch is not importable by {python}: `import torch` took more than "
                          f"{TORCH_CHECK_TIMEOUT_S:.0f} s") from None
@@ -195,7 +212,12 @@ def check_torch(python: str) -> str:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         raise ReproError(f"PyTorch is not importable by {python}: {last}; give --python the launcher's "
                          "interpreter (the one that has torch)")
-    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "unknown"
+    version = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    from diag.torchalloc import parse_version
+    if parse_version(version) is None:  # the plan is made by version: a line that is none plans nothing
+        raise ReproError(f"PyTorch is not importable by {python}: torch.__version__ printed {version[:80]!r}, not a "
+                         "version; give --python the launcher's interpreter (the one that has torch)")
+    return version
 
 
 def throttle_devices(opts: ReproOptions, swaps: list[str]) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..safetext import one_line
+from ..safetext import md_cell, one_line
 from ..units import GiB, format_bytes, format_duration
 from .bounds import remedy_for
 from .result import LOAD_KINDS, PhaseResult, WatchResult
@@ -317,18 +317,20 @@ def render_watch(r: WatchResult) -> str:
 def watch_body(r: dict[str, Any], md: bool) -> str:
     """A watch's result.json as `hostpin report` shows it: the phases, the figures, the notes."""
     fmt = "github" if md else "simple"
-    rows = [[p.get("pid"), p.get("kind") or "", format_duration(p.get("started_s")), format_duration(p.get("seconds")),
-             p.get("outcome"), p.get("bound") or "", f"{p['pct']:.0f}%" if p.get("pct") is not None else "",
+    safe = md_cell if md else one_line  # a bundle's result is foreign text: no cell, heading or beacon of its own
+    rows = [[safe(p.get("pid")), safe(p.get("kind") or ""), format_duration(p.get("started_s")),
+             format_duration(p.get("seconds")), safe(p.get("outcome")), safe(p.get("bound") or ""),
+             f"{p['pct']:.0f}%" if p.get("pct") is not None else "",
              f"{p['rate_pages_s']:,.0f}" if p.get("rate_pages_s") else "",
              f"{100 * p['eta_error']:+.0f}%" if p.get("eta_error") is not None else "",
-             p.get("catalog") or ""] for p in r.get("phases") or []]
+             safe(p.get("catalog") or "")] for p in r.get("phases") or []]
     out = (tabulate(rows, headers=["pid", "kind", "at", "took", "outcome", "bound", "done", "pages/s",
                                    "ETA at 20% vs end", "catalog"], tablefmt=fmt) + "\n") if rows else "No pin phase.\n"
     for p in r.get("phases") or []:
         if p.get("bound_reason"):
-            out += f"\npid {p['pid']} {p.get('bound')}: {p['bound_reason']}\n"
+            out += f"\npid {safe(p['pid'])} {safe(p.get('bound'))}: {safe(p['bound_reason'])}\n"
     if r.get("remedy"):
-        out += f"\nremedy: {r['remedy']}\n"
+        out += f"\nremedy: {safe(r['remedy'])}\n"
     for note in (r.get("notes") or []) + [n for p in r.get("phases") or [] for n in p.get("shared_counters", [])]:
-        out += f"\nnote: {note}\n"
+        out += f"\nnote: {safe(note)}\n"
     return out
