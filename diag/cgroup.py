@@ -273,6 +273,16 @@ class _LevelReader:
         return stat
 
     def level(self, d: str) -> CgroupLevel:
+        lv = self._level(d)
+        usage = lv.usage_bytes
+        # the file LRU lists are part of the usage they are charged to; v1 usage is approximate (per-CPU
+        # charge batches), so a little above it can be real, far above it is no reading to judge by
+        if usage is not None and lv.file_lru_bytes > usage + max(256 << 20, usage // 10):
+            raise CgroupDamaged(f"{d}: memory.stat puts {lv.file_lru_bytes:,} bytes on the file LRU lists, far above "
+                                f"the cgroup's usage of {usage:,} bytes that includes them")
+        return lv
+
+    def _level(self, d: str) -> CgroupLevel:
         stat = self.stat(d) or {}
         if self.version == 1:
             usage = self.value(d, "memory.usage_in_bytes", decisive=True)

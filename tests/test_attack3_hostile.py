@@ -223,6 +223,29 @@ def test_a_cgroup_page_cache_of_400_digits_is_no_crash(tmp_path, tree):
     assert "memory.stat" in head["summary"], head["summary"]
 
 
+def test_a_page_cache_far_above_the_cgroup_s_usage_is_damage(tmp_path, tree):
+    """Case 36: memory.stat put 2^63-1 bytes of page cache in a cgroup using 500 MiB; the working set
+    clamped to 0 and the plan PASSed with "16777216 TiB page cache". The file LRU lists are part of the
+    usage: far above it is a damaged reading (exit 3); a little above it (v1's approximate usage) is not."""
+    t = tree(CI_SNAPSHOT)
+    t.write(f"{CI_CGROUP}/memory.limit_in_bytes", "8589934592\n")
+    usage = int((t.path / CI_CGROUP / "memory.usage_in_bytes").read_text())
+    stat = (t.path / CI_CGROUP / "memory.stat").read_text()
+    def with_cache(total: int) -> str:
+        return "\n".join(f"total_inactive_file {total}" if line.startswith("total_inactive_file ") else
+                         "total_active_file 0" if line.startswith("total_active_file ") else line
+                         for line in stat.splitlines()) + "\n"
+    t.write(f"{CI_CGROUP}/memory.stat", with_cache(2 ** 63 - 1))
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs"),
+                timeout=60)
+    head = checks_of(r)["headroom"]
+    assert r.returncode == 3 and "far above" in head["summary"], head["summary"]
+    t.write(f"{CI_CGROUP}/memory.stat", with_cache(usage + (64 << 20)))  # within v1's slack: judged
+    r = hostpin("preflight", "--root", str(t.path), "--size", "1GiB", "--json", "--out", str(tmp_path / "runs2"),
+                timeout=60)
+    assert "far above" not in checks_of(r)["headroom"]["summary"], r.stdout[-800:]
+
+
 def test_a_long_alloc_conf_is_cut_in_the_verdict(tmp_path):
     """A 100 KB PYTORCH_CUDA_ALLOC_CONF (the job's environment) made a 100 KB verdict line in the
     prolog's log; the JSON keeps it whole."""
