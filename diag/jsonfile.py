@@ -4,8 +4,9 @@ For a launcher that parses the result while the command's own output goes to the
 (`hostpin watch --json-file F -- CMD`: CMD's stdout and stderr stay CMD's). The document is
 the one `--json` prints, written atomically: a temporary file in PATH's directory (created
 with O_EXCL, so never through a link), fsynced, then renamed over PATH. A link at PATH is
-replaced, never followed; a directory, FIFO or device at PATH is refused; the directory must
-exist (none is created).
+never followed nor replaced (the rules of -o: a pipe, a terminal or /dev/null is written
+through); a directory or device at PATH is refused, and so is a file in a hostpin run directory
+(its files are the run's evidence); the directory must exist (none is created).
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["problem_with", "write_json_file", "dumps"]
+__all__ = ["problem_with", "write_json_file", "dumps", "RUN_MARKERS"]
+
+RUN_MARKERS = ("manifest.json", "manifest.jsonl")  # what every run directory holds
 
 
 def dumps(doc: Any) -> str:
@@ -29,6 +32,9 @@ def problem_with(path: Path) -> str | None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         return f"its directory {parent} does not exist"
+    if any(os.path.lexists(parent / name) for name in RUN_MARKERS):
+        return (f"{parent} is a hostpin run directory, whose files are its evidence; write the document "
+                "elsewhere")
     try:
         fd = output_fd(path)
     except PathRefused as exc:
