@@ -204,3 +204,13 @@ def test_the_readme_has_one_promises_section():
     sections = [h for h in headings if h.startswith("## ")]
     assert sections.count("## What hostpin promises") == 1
     assert len(sections) == len(set(sections)), sorted(h for h in sections if sections.count(h) > 1)
+
+
+# -- repro register refused: "REFUSED: refused: need ..." said the outcome twice --------------------
+def test_a_refusal_says_refused_once(tmp_path):
+    r = hostpin("repro", "register", "--method", "mlock", "--size", "64TiB", "--ranks", "2", "--no-calibrate",
+                "--out", str(tmp_path / "runs"))
+    assert r.returncode == 4, r.stdout + r.stderr  # refused before anything is allocated
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("hostpin repro register: REFUSED: need "), first
+    assert "refused: refused" not in first.lower()
