@@ -214,3 +214,35 @@ def test_a_refusal_says_refused_once(tmp_path):
     first = r.stdout.splitlines()[0]
     assert first.startswith("hostpin repro register: REFUSED: need "), first
     assert "refused: refused" not in first.lower()
+
+
+# -- watch: a load phase "not a pin" was explained "as the pin goes" --------------------------------
+GROW = r"""
+import mmap, sys, time
+m = mmap.mmap(-1, 48 << 20)
+print("ready", flush=True)
+time.sleep(0.8)
+for off in range(0, 48 << 20, 4096):
+    m[off] = 1
+    if off % (1 << 20) == 0:
+        time.sleep(0.04)
+time.sleep(30)
+"""
+
+
+def test_a_load_phase_is_not_explained_as_a_pin(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", GROW], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        out = tmp_path / "watch.json"
+        r = hostpin("watch", "--pid", str(child.pid), "--quiet-after", "1", "--deadline", "20",
+                    "--out", str(tmp_path / "runs"), "--json-file", str(out))
+        doc = json.loads(out.read_text())
+    finally:
+        child.kill()
+        child.wait()
+    alloc = [p for p in doc["phases"] if p["kind"] == "alloc"]
+    assert alloc and not alloc[0]["pin"], (r.stdout, doc["phases"])
+    assert alloc[0]["bound"] == "fault-in/zeroing", alloc[0]
+    assert "the pin" not in alloc[0]["bound_reason"], alloc[0]["bound_reason"]
+    assert "as the pin goes" not in r.stdout, r.stdout
