@@ -111,8 +111,15 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+class _FilePath(click.Path):
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():  # Path('') would be '.', "a directory"
+            self.fail("an empty path; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def json_option(f):
-    f = click.option("--json-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+    f = click.option("--json-file", type=_FilePath(dir_okay=False, path_type=Path), default=None, metavar="PATH",
                      expose_value=False, callback=_json_file,
                      help="Also write the --json document to PATH, atomically (the rules of -o: a link at PATH is "
                           "never followed nor replaced).")(f)

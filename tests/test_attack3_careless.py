@@ -246,3 +246,25 @@ def test_a_load_phase_is_not_explained_as_a_pin(tmp_path):
     assert alloc[0]["bound"] == "fault-in/zeroing", alloc[0]
     assert "the pin" not in alloc[0]["bound_reason"], alloc[0]["bound_reason"]
     assert "as the pin goes" not in r.stdout, r.stdout
+
+
+# -- more messages: --python as a bare name, an empty --json-file, a '..' the gate line dropped ----
+def test_python_given_as_a_name_gets_its_path(tmp_path):
+    name = Path(sys.executable).name
+    found = shutil.which(name)
+    r = hostpin("repro", "register", "--allocator", "torch", "--size", "16MiB", "--python", name,
+                "--out", str(tmp_path / "runs"), env={**os.environ, "PATH": str(Path(sys.executable).parent)})
+    assert r.returncode == 2 and repr(name) in r.stderr, r.stderr
+    assert str(Path(sys.executable).parent / name) in r.stderr or (found and found in r.stderr), r.stderr
+
+
+def test_an_empty_json_file_is_called_empty(tmp_path):
+    r = hostpin("preflight", "--root", str(H200), "--size", "4GiB", "--json-file", "", "--out", str(tmp_path / "runs"))
+    assert r.returncode == 2 and "an empty path" in r.stderr and "is a directory" not in r.stderr, r.stderr
+
+
+def test_the_gate_line_keeps_the_dotdot_it_refuses(tmp_path):
+    r = hostpin("preflight", "--root", str(H200), "--size", "4GiB", "--cgroup", "/a/../b", "--format", "line",
+                "--out", str(tmp_path / "runs"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "/a/../b" in r.stdout and "'..'" in r.stderr, r.stdout
