@@ -15,13 +15,32 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["problem_with", "write_json_file", "dumps", "RUN_MARKERS"]
-
-RUN_MARKERS = ("manifest.json", "manifest.jsonl")  # what every run directory holds
+__all__ = ["problem_with", "write_json_file", "dumps"]
 
 
 def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, default=str)
+
+
+def _is_run_dir(d: Path) -> bool:
+    """A hostpin run directory: its journal (manifest.jsonl), or a manifest.json of hostpin's shape
+    (a web project's manifest.json is not one). Only a regular file is opened (a device's open acts)."""
+    import stat
+    if os.path.lexists(d / "manifest.jsonl"):
+        return True
+    try:
+        if not stat.S_ISREG(os.lstat(d / "manifest.json").st_mode):
+            return os.path.lexists(d / "manifest.json")  # something else in a manifest's place: leave it alone
+        fd = os.open(d / "manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        head = os.read(fd, 1 << 16) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
+    return b'"entries"' in head and b'"command"' in head
 
 
 def problem_with(path: Path) -> str | None:
@@ -32,7 +51,7 @@ def problem_with(path: Path) -> str | None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         return f"its directory {parent} does not exist"
-    if any(os.path.lexists(parent / name) for name in RUN_MARKERS):
+    if _is_run_dir(parent):
         return (f"{parent} is a hostpin run directory, whose files are its evidence; write the document "
                 "elsewhere")
     try:

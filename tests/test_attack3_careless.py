@@ -268,3 +268,14 @@ def test_the_gate_line_keeps_the_dotdot_it_refuses(tmp_path):
                 "--out", str(tmp_path / "runs"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "/a/../b" in r.stdout and "'..'" in r.stderr, r.stdout
+
+
+def test_a_web_projects_manifest_json_is_no_run_directory(tmp_path):
+    """The refusal above is for hostpin's runs only: a directory with someone's manifest.json
+    (a web app, an extension) still takes the document."""
+    (tmp_path / "manifest.json").write_text('{"name": "my app", "start_url": "/"}\n')
+    out = tmp_path / "preflight.json"
+    r = hostpin("preflight", "--root", str(H200), "--size", "4GiB", "--out", str(tmp_path / "runs"),
+                "--json-file", str(out), "--format", "line")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["schema"] == "hostpin.preflight"
