@@ -17,6 +17,7 @@ that limit still binds and is reported with the leaf's usage.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -323,6 +324,8 @@ def _from_path(root: Root, mounts: list[dict], path: str) -> tuple[int, dict, st
     mount, version = (v1, 1) if v1 is not None else (v2, 2)
     if mount is None:
         raise CgroupError("no memory cgroup hierarchy is mounted (neither v1 'memory' nor cgroup2)")
+    if root.live and not path.startswith("/") and os.path.isdir(path):  # ./sub, from inside a cgroup's directory
+        path = os.path.abspath(path)
     if ".." in PurePosixPath(path).parts:
         raise CgroupError(f"{path!r}: a cgroup path may not contain '..'")
     clean = "/" + "/".join(p for p in path.strip().split("/") if p and p != ".")

@@ -134,7 +134,8 @@ class NonEmptyPath(click.Path):
 
 def _not_empty(ctx, param, value):
     if isinstance(value, str) and not value.strip():
-        raise click.BadParameter("an empty value; give a path, or leave the option out")
+        what = {"VERSION": "a version, e.g. 2.11.0"}.get(getattr(param, "metavar", None), "a path")
+        raise click.BadParameter(f"an empty value; give {what}, or leave the option out")
     return value
 
 
@@ -230,7 +231,7 @@ def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
     else:
         confs = torchalloc.conf_from_env(os.environ)
         conf_source, hint = ("hostpin's environment" if confs else "none set (hostpin's environment has "
-                             "neither PYTORCH_CUDA_ALLOC_CONF nor PYTORCH_ALLOC_CONF)"), "PYTORCH_CUDA_ALLOC_CONF"
+                             "neither PYTORCH_CUDA_ALLOC_CONF nor PYTORCH_ALLOC_CONF)"), " and ".join(confs) or "PYTORCH_CUDA_ALLOC_CONF"
     try:
         req = torchalloc.plan_request(size or 0, chunk, version=version, version_source=version_source,
                                       confs=confs, conf_source=conf_source)
@@ -363,6 +364,11 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
     if prometheus is not None and not (prometheus.parent if str(prometheus.parent) else Path(".")).is_dir():
         raise InputError(f"cannot write {prometheus}: its directory {prometheus.parent} does not exist "
                          "(give node_exporter's textfile directory; none is created)")
+    json_file = click.get_current_context().meta.get("hostpin.json_file")
+    if prometheus is not None and json_file is not None and os.path.abspath(prometheus) == os.path.abspath(json_file):
+        click.get_current_context().meta.pop("hostpin.json_file")  # nor the error document into it
+        raise click.BadParameter(f"{str(json_file)!r} is also the --prometheus file: give each its own path",
+                                 param_hint="'--json-file'")
     torch_plan = None
     if allocator == "torch":
         torch_plan, method, source = _torch_plan(size, chunk, method, source, torch_version, alloc_conf)

@@ -95,17 +95,34 @@ def _json_file(ctx: click.Context, param: click.Parameter, value: Path | None) -
     if value is not None:
         from .jsonfile import problem_with
         why = problem_with(value)
+        cfg = ctx.meta.get("hostpin.config")  # --config is eager: the site file is known by now
+        if not why and cfg is not None and _same_file(value, cfg.path):
+            why = f"it is the site file (--config {cfg.path}); write the document elsewhere"
         if why:
             raise click.BadParameter(f"cannot write {value}: {why}", ctx, param)
         ctx.meta["hostpin.json_file"] = value
     return value
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class _FilePath(click.Path):
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():  # Path('') would be '.', "a directory"
+            self.fail("an empty path; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def json_option(f):
-    f = click.option("--json-file", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="PATH",
+    f = click.option("--json-file", type=_FilePath(dir_okay=False, path_type=Path), default=None, metavar="PATH",
                      expose_value=False, callback=_json_file,
-                     help="Also write the --json document to PATH, atomically (a link at PATH is replaced, never "
-                          "followed).")(f)
+                     help="Also write the --json document to PATH, atomically (the rules of -o: a link at PATH is "
+                          "never followed nor replaced).")(f)
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the result as JSON on stdout (also when it fails).")(f)
 

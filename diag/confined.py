@@ -505,7 +505,8 @@ def output_fd(out: Path | str, check_only: bool = False) -> int | None:
                           "file name)")
     chr_ok = stat.S_ISCHR(target.st_mode) and (target.st_rdev == _DEV_NULL or os.major(target.st_rdev) in _TTY_MAJORS)
     if not (stat.S_ISFIFO(target.st_mode) or chr_ok):
-        leads = f"it leads to {_kind(target.st_mode)}" if link else "not a terminal, a pipe or /dev/null"
+        kind = "a regular file" if stat.S_ISREG(target.st_mode) else _kind(target.st_mode)
+        leads = f"it leads to {kind}" if link else "not a terminal, a pipe or /dev/null"
         raise PathRefused(f"{shown}: {leads}; never followed nor replaced (give a file name, or - for stdout)")
     if check_only:  # judged, not opened: a writer that opens and closes a pipe ends its reader (`cat FIFO`)
         return None

@@ -16,7 +16,8 @@ code  meaning
       Only these: never an input that could not be read nor an output that could not be written,
       and a failure stays 1 whatever could not be written.
 2     bad command line: a one-line error names the value (a size that is not one, a path that
-      does not exist, options that contradict each other, -o inside the run being read)
+      does not exist, options that contradict each other, -o inside the run being read, a
+      --json-file refused before the command runs: a link, a device, a run's file, the site file)
 3     could not read or evaluate the input, or could not write the output: an unreadable or
       damaged tree, run, manifest, result or bundle (truncated, corrupt, hostile, over the
       limits), no GPU for a CUDA-only command, no torch in the --python of `repro register

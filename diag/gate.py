@@ -94,7 +94,8 @@ def unevaluated_line(why: str, limit: int = LINE_LIMIT) -> str:
     why = re.sub(r"^(\w+): (?:damaged reading|(not captured)): ", lambda m: f"{m[1]}: {m[2] or 'damaged'} ", why)
     why = re.sub(r"\S*?/((?:proc|sys)/\S+)", r"\1", why)  # the file, not where the tree was
     why = re.sub(r"\bsys/fs/cgroup/\S*?(memory\.\w+)", r"cgroup \1", why)  # which cgroup: in the run
-    why = re.sub(r"(?<![\w.])/(?:[^\s/]+/)+([^\s/]+)", r"\1", why)  # any other path: its name
+    why = re.sub(r"(?<![\w.])/(?:[^\s/]+/)+([^\s/]+)",  # any other path: its name, unless '..' is what is wrong
+                 lambda m: m[0] if "/../" in m[0] else m[1], why)
     why = re.sub(r"^Invalid value for (--[\w-]+) ?: ", r"\1: ", why)  # click's words, quotes already gone
     why = re.sub(r"^cannot read the configuration file ", "site file ", why)
     return PREFIX + _fit(f"not evaluated: {why}", limit - len(PREFIX))

@@ -4,8 +4,9 @@ For a launcher that parses the result while the command's own output goes to the
 (`hostpin watch --json-file F -- CMD`: CMD's stdout and stderr stay CMD's). The document is
 the one `--json` prints, written atomically: a temporary file in PATH's directory (created
 with O_EXCL, so never through a link), fsynced, then renamed over PATH. A link at PATH is
-replaced, never followed; a directory, FIFO or device at PATH is refused; the directory must
-exist (none is created).
+never followed nor replaced (the rules of -o: a pipe, a terminal or /dev/null is written
+through); a directory or device at PATH is refused, and so is a file in a hostpin run directory
+(its files are the run's evidence); the directory must exist (none is created).
 """
 from __future__ import annotations
 
@@ -21,6 +22,27 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, default=str)
 
 
+def _is_run_dir(d: Path) -> bool:
+    """A hostpin run directory: its journal (manifest.jsonl), or a manifest.json of hostpin's shape
+    (a web project's manifest.json is not one). Only a regular file is opened (a device's open acts)."""
+    import stat
+    if os.path.lexists(d / "manifest.jsonl"):
+        return True
+    try:
+        if not stat.S_ISREG(os.lstat(d / "manifest.json").st_mode):
+            return os.path.lexists(d / "manifest.json")  # something else in a manifest's place: leave it alone
+        fd = os.open(d / "manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        head = os.read(fd, 1 << 16) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
+    return b'"entries"' in head and b'"command"' in head
+
+
 def problem_with(path: Path) -> str | None:
     """Why PATH cannot take the document, or None: the output-path rules of -o (a file is replaced
     by a rename; a pipe, a terminal or /dev/null, also behind a link, is written through; any other
@@ -29,6 +51,9 @@ def problem_with(path: Path) -> str | None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         return f"its directory {parent} does not exist"
+    if _is_run_dir(parent):
+        return (f"{parent} is a hostpin run directory, whose files are its evidence; write the document "
+                "elsewhere")
     try:
         fd = output_fd(path, check_only=True)
     except PathRefused as exc:

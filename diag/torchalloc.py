@@ -154,8 +154,10 @@ def parse_alloc_conf(text: str | None) -> AllocConf:
 def installed_version() -> str | None:
     """The torch distribution's version in this interpreter's metadata, without importing torch."""
     from importlib import metadata
+    from .safetext import one_line
     try:
-        return metadata.version("torch")
+        version = metadata.version("torch")
+        return one_line(version) if version is not None else None  # a file's text: shown, never obeyed
     except metadata.PackageNotFoundError:
         return None
     except Exception:  # a damaged dist-info: no version rather than a crash

@@ -62,12 +62,12 @@ def parse_size(text: str) -> int:
     if unit in ("", "b") and "." in digits:
         raise SizeError(f"{_show(text)}: plain bytes must be a whole number; use e.g. {SIZE_EXAMPLE}")
     if len(digits.split(".")[0].lstrip("0")) > _DIGITS or len(digits) > 2 * _DIGITS:
-        raise SizeError(f"{_show(text)} is too large: at most 1 EiB; use e.g. {SIZE_EXAMPLE}")
+        raise SizeError(f"{_show(text)} is too large: at most 1 EiB (1048576TiB); use e.g. {SIZE_EXAMPLE}")
     value = round(Fraction(digits) * _UNITS[unit])  # exact: no float rounding, no overflow
     if value <= 0:
         raise SizeError(f"{_show(text)} is not a positive size; use e.g. {SIZE_EXAMPLE}")
     if value > MAX_SIZE:
-        raise SizeError(f"{_show(text)} is too large: at most 1 EiB; use e.g. {SIZE_EXAMPLE}")
+        raise SizeError(f"{_show(text)} is too large: at most 1 EiB (1048576TiB); use e.g. {SIZE_EXAMPLE}")
     return value
 
 

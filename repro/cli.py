@@ -152,8 +152,11 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     elif python is not None:
         raise click.BadParameter("--python goes with --allocator torch", param_hint="'--python'")
     if python is not None and not os.access(python, os.X_OK):
-        raise click.BadParameter(f"{python!r} is not an executable file; give the launcher's interpreter, e.g. "
-                                 "/opt/venv/bin/python", param_hint="'--python'")
+        import shutil
+        found = shutil.which(python) if "/" not in python else None  # a name, as a shell would look it up
+        example = f"its path: {found}" if found else "e.g. /opt/venv/bin/python"
+        raise click.BadParameter(f"{python!r} is not an executable file; give the launcher's interpreter, "
+                                 f"{example}", param_hint="'--python'")
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,

@@ -160,10 +160,11 @@ def validate(opts: ReproOptions) -> None:
                                                       opts.map)
         except FileSourceError as exc:
             raise ReproUsageError(str(exc)) from None
-    if opts.chunk is not None and opts.chunk % PAGE_SIZE:
-        raise ReproUsageError("--chunk must be a multiple of 4 KiB, e.g. 64GiB")
-    if opts.size % PAGE_SIZE:
-        raise ReproUsageError("--size must be a multiple of 4 KiB, e.g. 47GiB")
+    for name, value, example in (("--chunk", opts.chunk, "64GiB"), ("--size", opts.size, "47GiB")):
+        if value is not None and value % PAGE_SIZE:  # the value named, and the nearest that is one
+            up = -(-value // PAGE_SIZE) * PAGE_SIZE
+            raise ReproUsageError(f"{name} {value:,} bytes is not a multiple of the {PAGE_SIZE // 1024} KiB page "
+                                  f"({up} is), e.g. {example}")
     if opts.read_rate and opts.swap_in_rate and opts.read_rate != opts.swap_in_rate:
         raise ReproUsageError("--read-rate and --swap-in-rate differ; give one (--swap-in-rate is --read-rate for "
                               "a region in swap)")
@@ -215,8 +216,10 @@ def check_torch(python: str) -> str:
     version = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     from diag.torchalloc import parse_version
     if parse_version(version) is None:  # the plan is made by version: a line that is none plans nothing
-        raise ReproError(f"PyTorch is not importable by {python}: torch.__version__ printed {version[:80]!r}, not a "
-                         "version; give --python the launcher's interpreter (the one that has torch)")
+        from diag.safetext import one_line  # the interpreter's words: shown, never obeyed
+        raise ReproError(f"PyTorch is not importable by {python}: torch.__version__ printed "
+                         f"{one_line(version[:80])!r}, not a version; give --python the launcher's interpreter "
+                         "(the one that has torch)")
     return version
 
 

@@ -12,8 +12,14 @@ from diag.watch.render import ProgressLine
 __all__ = ["ProgressLine", "render_result", "render_matrix", "render_staging"]
 
 
+def _verdict_after(r: dict) -> str:
+    """The verdict after its outcome's label, without saying the outcome twice ("REFUSED: refused: ...")."""
+    verdict, said = str(r.get("verdict")), f"{r.get('outcome')}: "
+    return verdict[len(said):] if verdict.lower().startswith(said.lower()) else verdict
+
+
 def render_result(r: dict[str, Any]) -> str:
-    lines = [f"hostpin repro register: {str(r['outcome']).upper()}: {r.get('verdict')}"]
+    lines = [f"hostpin repro register: {str(r['outcome']).upper()}: {_verdict_after(r)}"]
     o = r.get("options", {})
     if o:
         lines.append(f"  plan: {o.get('ranks', 1)} x {format_bytes(o.get('size'))} by {o.get('method')}"
@@ -83,7 +89,7 @@ def render_matrix(rows: list[dict[str, Any]], size: int, run_dir: str) -> str:
 
 def render_staging(r: dict[str, Any]) -> str:
     o = r.get("options", {})
-    lines = [f"hostpin repro staging: {str(r['outcome']).upper()}: {r.get('verdict')}"]
+    lines = [f"hostpin repro staging: {str(r['outcome']).upper()}: {_verdict_after(r)}"]
     if o:
         lines.append(f"  {o['repeat']} repeats x {o['bursts']} bursts per side of {format_bytes(o['bytes'])} over "
                      f"{o['threads']} threads, {o['direction']}, order {' '.join(r.get('sequence', []))}")

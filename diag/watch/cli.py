@@ -96,6 +96,15 @@ def watch(pid, size, interval, deadline, until, quiet_after, stall_after, heartb
     if (pid is None) == (not command):
         raise click.UsageError("give either --pid PID or a command after --, e.g. hostpin watch --pid 4711 or "
                                "hostpin watch -- python serve.py")
+    from click.core import ParameterSource
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in ("until", "quiet_after")
+             if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    if command and given:  # the launcher form watches CMD's whole life: these would be silently ignored
+        verb = "go" if len(given) > 1 else "goes"
+        raise click.UsageError(f"{' and '.join(given)} {verb} with --pid: the launcher form watches CMD until it ends")
+    if until == "pin" and "--quiet-after" in given:
+        raise click.UsageError("--quiet-after goes with --until quiet: --until pin ends when the first pin returns")
     if command and as_json:
         raise click.UsageError("--json would mix hostpin's JSON into CMD's stdout; write it to a file with "
                                "--json-file PATH")

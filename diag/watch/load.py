@@ -204,6 +204,17 @@ def _proc(sample: dict | None, pid: int) -> dict[str, Any]:
     return procs.get(pid) or procs.get(str(pid)) or {}
 
 
+# the bound's words are written for a pin; a load phase is none ("not a pin ... as the pin goes")
+_PIN_WORDS = (("as the pin goes", "in the process's own faults"), ("the pin reads", "the process reads"),
+              ("while the pin moves", "while it progresses"), ("while the pin does not move", "while it does not move"))
+
+
+def _not_a_pin(reason: str | None) -> str | None:
+    for said, meant in _PIN_WORDS:
+        reason = reason.replace(said, meant) if reason else reason
+    return reason
+
+
 def _result(ph: LoadPhase, tr: Tracker) -> PhaseResult:
     s = tr.summary()
     p = tr.progress
@@ -215,7 +226,7 @@ def _result(ph: LoadPhase, tr: Tracker) -> PhaseResult:
                     pinned_pages=s["pinned_pages"], expected_pages=s["expected_pages"], pct=p.get("pct"),
                     rate_pages_s=s["rate_pages_s"] if outcome != "open" else p.get("rate_pages_s"),
                     eta_s=p.get("eta_s") if outcome == "open" else None, eta_basis=p.get("eta_basis"),
-                    progress_basis=s["progress_basis"], bound=bound, bound_reason=s["bound_reason"],
+                    progress_basis=s["progress_basis"], bound=bound, bound_reason=_not_a_pin(s["bound_reason"]),
                     bound_frame=s["bound_frame"], bound_counts=s["bound_counts"], first_bound=s["first_bound"],
                     first_bound_at_s=s["first_bound_at_s"], catalog=CATALOG[ph.kind], eta_at_20pct=s["eta_at_20pct"],
                     eta_first=s["eta_first"], shared_counters=s["shared_counters"], figures=s["figures"],
