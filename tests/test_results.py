@@ -17,7 +17,10 @@ from diag.units import GiB
 
 from conftest import FIXTURES, GPU_SNAPSHOT
 
-OLD_RUNS = sorted(p.name for p in FIXTURES.iterdir() if (p / "result.json").is_file())
+# recorded run directories: a result.json with its manifest (a fixture of a result alone, such as a
+# recorded trace's, is read by its own tests)
+OLD_RUNS = sorted(p.name for p in FIXTURES.iterdir() if (p / "result.json").is_file()
+                  and ((p / "manifest.json").is_file() or (p / "manifest.jsonl").is_file()))
 
 
 def test_a_new_result_round_trips():
