@@ -180,31 +180,57 @@ def validate(opts: ReproOptions) -> None:
 TORCH_CHECK_TIMEOUT_S = 120.0  # importing torch reads hundreds of MiB of libraries from a cold disk
 
 
-TORCH_CHECK_OUTPUT = 1 << 20  # what the version check may print (RLIMIT_FSIZE: past it, SIGXFSZ ends it)
+TORCH_CHECK_OUTPUT = 1 << 20  # what the version check may print before it is stopped
 
 
-def _limit_output() -> None:
-    import resource
-    resource.setrlimit(resource.RLIMIT_FSIZE, (TORCH_CHECK_OUTPUT, TORCH_CHECK_OUTPUT))
-
-
-def _tail(f) -> str:
-    f.seek(max(0, f.seek(0, 2) - 4096))
-    return f.read().decode("utf-8", "replace")
+def _run_bounded(argv: list[str], timeout: float, limit: int) -> tuple[int | None, str, str]:
+    """(exit status, stdout's tail, stderr's tail) of argv, read from pipes as it prints: past `limit`
+    bytes in all, or past `timeout`, it is killed (status None). Only the last 4 KiB of each stream is
+    kept, and nothing limits the files the program itself writes (torch's own caches)."""
+    import selectors
+    import subprocess
+    import time
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    tails = {proc.stdout: b"", proc.stderr: b""}
+    total, deadline, over = 0, time.monotonic() + timeout, None
+    with selectors.DefaultSelector() as sel:
+        for f in tails:
+            sel.register(f, selectors.EVENT_READ)
+        while sel.get_map() and over is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                over = "timeout"
+                break
+            for key, _ in sel.select(min(left, 1.0)):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                total += len(chunk)
+                tails[key.fileobj] = (tails[key.fileobj] + chunk)[-4096:]
+                if total > limit:
+                    over = "output"
+    if over:
+        proc.kill()
+    status = proc.wait()
+    for f in tails:
+        f.close()
+    if over == "timeout":
+        raise TimeoutError
+    text = {f: t.decode("utf-8", "replace") for f, t in tails.items()}
+    return (None if over else status), text[proc.stdout], (f"printed more than {limit >> 20} MiB" if over
+                                                          else text[proc.stderr])
 
 
 def check_torch(python: str) -> str:
     """torch.__version__ as PATH's interpreter imports it (never in this process). ReproError
     "PyTorch is not importable by PATH" when it cannot."""
-    import subprocess
-    import tempfile
-    try:  # into files whose tails are read: an interpreter that prints without end costs no memory here
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], stdout=out, stderr=err,
-                                  timeout=TORCH_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                                  preexec_fn=_limit_output)
-            proc.stdout, proc.stderr = _tail(out), _tail(err)
-    except subprocess.TimeoutExpired:
+    from types import SimpleNamespace
+    try:  # read from pipes as it prints: an interpreter that prints without end costs no memory here
+        rc, out, err = _run_bounded([python, "-c", "import torch; print(torch.__version__)"],
+                                    TORCH_CHECK_TIMEOUT_S, TORCH_CHECK_OUTPUT)
+        proc = SimpleNamespace(returncode=1 if rc is None else rc, stdout=out, stderr=err)
+    except TimeoutError:
         raise ReproError(f"PyTorch is not importable by {python}: `import torch` took more than "
                          f"{TORCH_CHECK_TIMEOUT_S:.0f} s") from None
     except OSError as exc:
