@@ -89,31 +89,43 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
     clock = Clock()
     sampler = Sampler(root)
     result.facts = node_facts(Root(root.path, run=run))
+    received: list[int] = []
+    target: list[int] = []  # CMD's pid once it runs: a signal that comes before is passed on right after
+
+    def forward(signum, frame):
+        received.append(signum)
+        if not target:
+            return
+        try:
+            os.killpg(target[0], signum)
+        except ProcessLookupError:
+            pass
+
+    # passed on from before CMD starts: CMD may print (a launcher's "ready") and be signalled at once
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         keep = {} if umask is None else {"umask": umask}
         child = subprocess.Popen(argv, process_group=0, **keep) if sys.version_info >= (3, 11) else \
             subprocess.Popen(argv, preexec_fn=lambda: os.setpgid(0, 0), **keep)
-    except FileNotFoundError:
-        result.outcome, result.exit_code = "gone", EXIT_CMD_NOT_FOUND
-        result.verdict = f"{argv[0]}: command not found"
+    except (FileNotFoundError, PermissionError, OSError) as exc:
+        for s_, h in old.items():
+            signal.signal(s_, h)
+        if isinstance(exc, FileNotFoundError):
+            result.outcome, result.exit_code = "gone", EXIT_CMD_NOT_FOUND
+            result.verdict = f"{argv[0]}: command not found"
+        else:
+            result.outcome, result.exit_code = "gone", EXIT_CMD_NOT_EXECUTABLE
+            result.verdict = f"{argv[0]}: cannot run it: {exc.strerror or exc}"
         return result
-    except (PermissionError, OSError) as exc:
-        result.outcome, result.exit_code = "gone", EXIT_CMD_NOT_EXECUTABLE
-        result.verdict = f"{argv[0]}: cannot run it: {exc.strerror or exc}"
-        return result
-    result.pid = child.pid
-    tracer = start_trace(run, [child.pid], clock.t0, result.notes) if opts.trace else None
-    owner = _foreground(child.pid)
-    received: list[int] = []
-
-    def forward(signum, frame):
-        received.append(signum)
+    target.append(child.pid)
+    for signum in list(received):  # what came while it was being started
         try:
             os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
-
-    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    result.pid = child.pid
+    tracer = start_trace(run, [child.pid], clock.t0, result.notes) if opts.trace else None
+    owner = _foreground(child.pid)
     book = PhaseBook(opts.size_bytes, sampler.page, nvidia=nvidia_loaded(root), interval_s=opts.interval)
     load = LoadBook(sampler.page, interval_s=opts.interval)
     writer = TimelineWriter(run)
