@@ -107,7 +107,7 @@ def test_gate_passes_warns_drains_and_resumes(cluster):
     # 3. a failing plan: the prolog drains the node with hostpin's reason; Slurm requeues the job
     _site(cluster, FAILING)
     failed = cluster.submit("echo must-not-run")
-    held = cluster.wait(lambda: _requeued_held(cluster, failed), 60, "the job to be requeued and held")
+    held = cluster.wait(lambda: _requeued_held(cluster, failed), 180, "the job to be requeued and held")
     node = cluster.node()
     assert node["state"] in ("drained", "draining"), node
     assert node["reason"].startswith("hostpin: headroom ") and node["reason"].endswith("< 1 TiB"), node
@@ -149,7 +149,7 @@ def test_strict_site_fails_the_job_on_a_warning(cluster):
     cluster.wait(lambda: cluster.node()["state"] == "idle", 30, "the node to be idle")
     _site(cluster, WARNING + "strict = true\n")
     job = cluster.submit("echo must-not-run")
-    cluster.wait(lambda: _requeued_held(cluster, job), 60, "the job to be requeued and held")
+    cluster.wait(lambda: _requeued_held(cluster, job), 180, "the job to be requeued and held")
     node = cluster.node()
     assert node["state"] in ("drained", "draining") and node["reason"].startswith("hostpin: warning (strict): headroom")
     cluster.run("scancel", job)
