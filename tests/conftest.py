@@ -20,6 +20,18 @@ REPO = HERE.parent
 
 IS_ROOT = os.geteuid() == 0
 
+
+def cgroups_unusable() -> str | None:
+    """Why this machine cannot make the run cgroups the live tests need, or None."""
+    if not IS_ROOT:
+        return "needs root"
+    from repro.cgroups import CgroupError, cgroup_layout
+    try:
+        cgroup_layout()
+    except CgroupError as exc:
+        return str(exc)
+    return None
+
 # the suite's commands must not pick up a site file this machine may have (/etc/hostpin/hostpin.toml);
 # tests of the site file name theirs
 os.environ.setdefault("HOSTPIN_CONFIG", "none")

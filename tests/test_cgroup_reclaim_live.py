@@ -18,23 +18,16 @@ from pathlib import Path
 import pytest
 
 from diag.units import MiB
-from repro.cgroups import CgroupError, RunCgroup, cgroup_layout, leftover_cgroups
+from repro.cgroups import RunCgroup, leftover_cgroups
 from repro.swapfile import SwapError, SwapFile
 
-from conftest import IS_ROOT, REPO
+from conftest import IS_ROOT, REPO, cgroups_unusable
 
 LIMIT = 768 * MiB
 TARGET = REPO / "tests" / "pin_target.py"
 
 
-def _usable() -> str | None:
-    if not IS_ROOT:
-        return "needs root"
-    try:
-        cgroup_layout()
-    except CgroupError as exc:
-        return str(exc)
-    return None
+_usable = cgroups_unusable  # conftest: one definition for every live file
 
 
 pytestmark = pytest.mark.skipif(_usable() is not None, reason=f"cgroups: {_usable()}")

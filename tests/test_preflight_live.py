@@ -12,20 +12,13 @@ import time
 import pytest
 
 from diag.units import MiB
-from repro.cgroups import CgroupError, RunCgroup, cgroup_layout, leftover_cgroups
+from repro.cgroups import RunCgroup, leftover_cgroups
 from repro.swapfile import SwapError, SwapFile
 
-from conftest import GPU_SNAPSHOT, IS_ROOT, REPO, hostpin
+from conftest import GPU_SNAPSHOT, IS_ROOT, REPO, cgroups_unusable, hostpin
 
 
-def _cgroups_usable() -> str | None:
-    if not IS_ROOT:
-        return "needs root"
-    try:
-        cgroup_layout()
-    except CgroupError as exc:
-        return str(exc)
-    return None
+_cgroups_usable = cgroups_unusable  # conftest: one definition for every live file
 
 
 needs_cgroups = pytest.mark.skipif(_cgroups_usable() is not None, reason=f"cgroups: {_cgroups_usable()}")
