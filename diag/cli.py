@@ -334,9 +334,12 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
         raise click.UsageError("give --json or --format, not both")
     probe = None
     if not no_cuda and root is None:  # the probe's child takes longest: it starts before the imports below
-        from .cuda import ProbeRun
-        probe = ProbeRun(cuda_timeout)
+        from .cuda import ProbeRun, take_early  # (or before click's: the console command's start_early)
+        probe = take_early(cuda_timeout) or ProbeRun(cuda_timeout)
         click.get_current_context().call_on_close(probe.cancel)  # a bad option below leaves no child
+    else:
+        from .cuda import cancel_early
+        cancel_early()
     from .checks import Plan
     from .checks.suite import all_checks
     from .preflight import run_preflight
@@ -402,7 +405,8 @@ def preflight(size, ranks, method, thp, source, map_, readonly, chunk, margin, r
                 result = run_preflight(plan, root or "/", run=run, cuda=cuda, cuda_timeout=cuda_timeout,
                                        skip=tuple(skip), sample_s=sample, strict=strict,
                                        pid=pid if pid is not None else "self", cgroup_path=cgroup_path,
-                                       swap_rate=swap_rate, probe=probe)
+                                       swap_rate=swap_rate, probe=probe,
+                                       warm=("diag.render",) if fmt == "table" and not as_json else ("diag.gate",))
             except CgroupError as exc:
                 run.finish({"tool": "hostpin", "command": "preflight", "status": "error", "exit_code": 2,
                             "verdict": str(exc)})

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["probe_in_child", "ProbeRun", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
+__all__ = ["probe_in_child", "probe_argv_env", "ProbeRun", "start_early", "take_early", "cancel_early", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -52,16 +52,44 @@ def _pci_numa_node(bdf: str) -> int | None:
     return value if value >= 0 else None
 
 
-def probe() -> dict[str, Any]:
-    """Runs in the child. Never raises: every failure is a status with a message."""
+class _Nvml:
+    """NVML's co-tenant reading (diag.gpuprocs), run in a thread of the child beside cuInit: the two
+    libraries are independent, and NVML's init and queries took 0.12 s after cuInit's 0.19 s on the
+    H200 when run one after the other. Its result is only used when the probe ends ok."""
+
+    def __init__(self, t0: float, timings: dict[str, float]):
+        self.result: dict[str, Any] | None = None
+        self._t0, self._timings = t0, timings
+        self.thread = threading.Thread(target=self._work, name="nvml", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            from .gpuprocs import nvml_processes
+            self.result = nvml_processes()
+        except Exception as exc:  # nvml_processes never raises; an import that fails still must not
+            self.result = {"source": None, "error": f"NVML reading failed: {type(exc).__name__}: {exc}"}
+        self._timings["nvml_done"] = round(time.monotonic() - self._t0, 4)
+
+    def join(self) -> dict[str, Any]:
+        self.thread.join()
+        return self.result or {"source": None, "error": "NVML reading gave nothing"}
+
+
+def probe(nvml: bool = True) -> dict[str, Any]:
+    """Runs in the child. Never raises: every failure is a status with a message.
+    nvml: read the GPU's co-tenants through NVML too (in a thread, beside cuInit)."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}  # seconds per step, since the probe began: where a slow probe spends it
     out: dict[str, Any] = {"status": "error", "message": None, "devices": [], "driver_version": None,
-                           "bindings_version": None, "bindings_cuda_version": None, "timings_s": timings}
+                           "bindings_version": None, "bindings_cuda_version": None, "timings_s": timings,
+                           "began_at": round(time.time(), 4)}  # epoch: the parent aligns its own stamps to it
 
     def mark(step: str) -> None:
         timings[step] = round(time.monotonic() - t0, 4)
 
+    # beside cuInit only where a driver is loaded: without one cuInit fails at once and NVML is never read
+    reader = _Nvml(t0, timings) if nvml and os.path.exists("/proc/driver/nvidia/version") else None
     try:
         import cuda.bindings
         from cuda.bindings import driver
@@ -127,9 +155,13 @@ def probe() -> dict[str, Any]:
     if count == 0:
         out.update(status="no_device", message="the driver sees no CUDA device")
         return out
-    from .gpuprocs import nvml_processes
-    out["gpu_processes"] = nvml_processes()  # co-tenants (catalog 7), read here: NVML may hang like CUDA
-    mark("nvml")
+    if nvml:  # co-tenants (catalog 7), read here: NVML may hang like CUDA
+        if reader is not None:
+            out["gpu_processes"] = reader.join()
+        else:  # a driver without /proc/driver/nvidia (a container that hides it): read after cuInit, as before
+            from .gpuprocs import nvml_processes
+            out["gpu_processes"] = nvml_processes()
+        mark("nvml")
     out.update(status="ok", message=f"{count} device(s), CUDA driver API {out['driver_version']}")
     return out
 
@@ -163,14 +195,31 @@ def child_env() -> dict[str, str]:
     return env
 
 
+SYSPATH_VAR = "HOSTPIN_PROBE_SYSPATH"
+
+
+def probe_argv_env() -> tuple[list[str], dict[str, str]]:
+    """The probe child's command and environment. It starts without site (-S: no .pth files to
+    read, 0.04 s less on the H200, where torch and its wheels install many) and is handed the
+    parent's import path instead (HOSTPIN_PROBE_SYSPATH, appended after its standard library as site
+    would); it still runs a sitecustomize found on that path, as site would."""
+    env = child_env()
+    env[SYSPATH_VAR] = os.pathsep.join(p for p in sys.path if p and os.path.isabs(p))
+    return [sys.executable, "-S", "-m", "diag.cuda", "probe"], env
+
+
 def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str, Any]:
     """Run probe() in a fresh interpreter; a hang becomes status 'timeout', never a hang here.
-    started(proc) is called with the child as soon as it runs (ProbeRun kills it from there)."""
+    started(proc) is called with the child as soon as it runs (ProbeRun kills it from there).
+    The result's `parent_at` holds the parent's epoch stamps (spawned, read): with the child's
+    `began_at` and `timings_s` they say where the probe's wall time went."""
+    spawned = time.time()
     import subprocess  # the parent's alone: the child, which imports this module too, never needs it
-    env = child_env()
+    argv, env = probe_argv_env()
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "diag.cuda", "probe"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            stdin=subprocess.DEVNULL)
+    popen_returned = round(time.time(), 4)
     if started is not None:
         started(proc)
     try:
@@ -179,10 +228,13 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
         proc.kill()
         stdout, stderr = proc.communicate()
         return {"status": "timeout", "duration_s": round(time.monotonic() - t0, 3),
+                "parent_at": {"spawn": round(spawned, 4), "popen_returned": popen_returned,
+                              "read": round(time.time(), 4)},
                 "message": f"the CUDA probe did not answer within {timeout:g} s (a hung driver?); killed",
                 "stdout": (stdout or b"").decode(errors="replace"),
                 "stderr": (stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
     duration = round(time.monotonic() - t0, 3)
+    parent_at = {"spawn": round(spawned, 4), "popen_returned": popen_returned, "read": round(time.time(), 4)}
     proc.stdout, proc.stderr = stdout, stderr  # read below as subprocess.run's result was
     try:
         result = json.loads(proc.stdout.decode(errors="replace") or "null")
@@ -196,6 +248,7 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
                              + (f": {tail[0][:200]}" if tail else ""),
                   "stdout": proc.stdout.decode(errors="replace")[:2000]}
     result["duration_s"] = duration
+    result["parent_at"] = parent_at
     result["returncode"] = proc.returncode
     result["stderr"] = proc.stderr.decode(errors="replace")[-4000:]
     return result
@@ -208,13 +261,18 @@ class ProbeRun:
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT_S):
         self.box: dict[str, Any] = {"started": time.time()}
+        self.timeout = timeout
+        self.early = False  # started by the console command before click (start_early)
         self._proc = None
         self._cancelled = threading.Event()
         self.thread = threading.Thread(target=self._work, args=(timeout,), name="cuda-probe", daemon=True)
         self.thread.start()
 
     def _work(self, timeout: float) -> None:
-        self.box["result"] = probe_in_child(timeout, started=self._started)
+        result = probe_in_child(timeout, started=self._started)
+        if isinstance(result.get("parent_at"), dict):
+            result["parent_at"]["early"] = self.early
+        self.box["result"] = result
 
     def _started(self, proc) -> None:
         self._proc = proc
@@ -228,9 +286,72 @@ class ProbeRun:
             proc.kill()
 
 
+def _child_main() -> None:
+    """`python -S -m diag.cuda probe`: the parent's import path after the standard library, then a
+    sitecustomize if that path has one (what site would have done), then the probe. It ends with
+    os._exit: an NVML thread still inside the library (a probe that ended early, without a driver)
+    must not hold up the interpreter's shutdown."""
+    extra = [p for p in os.environ.get(SYSPATH_VAR, "").split(os.pathsep) if p and p not in sys.path]
+    sys.path.extend(extra)
+    if "site" not in sys.modules:
+        try:
+            import sitecustomize  # noqa: F401
+        except ImportError as exc:
+            if exc.name != "sitecustomize":
+                raise
+    result = probe()
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+_EARLY: dict[str, Any] = {}
+_NOT_EARLY = ("--no-cuda", "--help", "-h", "--root", "--cuda-timeout", "--config")
+
+
+def start_early(argv: list[str]) -> None:
+    """The console command calls this first, before click and the readers are imported (0.1 s
+    and more of a command's start-up): `hostpin preflight ...` that will surely run the probe starts
+    its child now, and preflight takes it (take_early). Surely: no --no-cuda, --root, --help,
+    --cuda-timeout or --config, and no site file (one could say no_cuda). A command that ends
+    without taking it (a bad option) kills the child at exit."""
+    if not argv or argv[0] != "preflight" or any(a.split("=", 1)[0] in _NOT_EARLY for a in argv[1:]):
+        return
+    named = os.environ.get("HOSTPIN_CONFIG")  # diag.config's rule: this variable, else the default file
+    if named is not None and named.strip().lower() != "none" or named is None and os.path.lexists(
+            "/etc/hostpin/hostpin.toml"):
+        return
+    import atexit
+    run = ProbeRun(DEFAULT_TIMEOUT_S)
+    run.early = True
+    _EARLY["run"] = run
+
+    def _leave_no_child() -> None:
+        if _EARLY.pop("run", None) is run:
+            run.cancel()
+            run.thread.join(2.0)
+
+    atexit.register(_leave_no_child)
+
+
+def take_early(timeout: float) -> "ProbeRun | None":
+    """The child start_early started, if it runs with this timeout (else it is killed: None)."""
+    run = _EARLY.pop("run", None)
+    if run is not None and run.timeout != timeout:
+        run.cancel()
+        return None
+    return run
+
+
+def cancel_early() -> None:
+    """A preflight that needs no probe after all kills the child start_early started."""
+    run = _EARLY.pop("run", None)
+    if run is not None:
+        run.cancel()
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["probe"]:
-        sys.stdout.write(json.dumps(probe()) + "\n")
-        sys.exit(0)
+        _child_main()
     sys.stderr.write("usage: python -m diag.cuda probe\n")
     sys.exit(2)

@@ -5,6 +5,7 @@ reading that decides this plan; otherwise `fail` (exit 1), `warn` or `pass` (exi
 makes a warning exit 1)."""
 from __future__ import annotations
 
+import importlib
 import platform
 import socket
 import threading
@@ -25,6 +26,9 @@ from .safetext import one_line
 from .units import format_bytes
 
 __all__ = ["run_preflight", "load_captured_cuda", "start_cuda_probe", "record_probe", "record_node_probe"]
+
+
+NEEDS_PROBE = frozenset({"device", "cotenants", "numa", "iommu"})  # the checks that read the CUDA probe's result
 
 
 def load_captured_cuda(root_dir: Path) -> tuple[dict | None, str]:
@@ -85,10 +89,11 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
                   cuda_timeout: float = cuda_mod.DEFAULT_TIMEOUT_S, skip: tuple[str, ...] = (),
                   sample_s: float = 1.0, strict: bool = False, pid: str | int = "self",
                   cgroup_path: str | None = None, swap_rate: float | None = None,
-                  probe: cuda_mod.ProbeRun | None = None) -> PreflightResult:
+                  probe: cuda_mod.ProbeRun | None = None, warm: tuple[str, ...] = ()) -> PreflightResult:
     """cuda: 'probe' (child process), 'off' (--no-cuda), or 'captured' (read from the snapshot);
     swap_rate: bytes per second the swap device gives a pin, when the user measured it; probe: the
-    probe's child when the caller started it already (cuda 'probe' on the live node).
+    probe's child when the caller started it already (cuda 'probe' on the live node); warm: modules
+    the caller imports after the verdict (its rendering), imported while the probe is still running.
     Raises CgroupError when a --pid or --cgroup that was asked for cannot be found."""
     t0 = time.monotonic()
     root_dir = resolve_root(root_path)
@@ -111,13 +116,29 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
     def join_probe() -> None:
         nonlocal probe_thread
         if probe_thread is not None:
+            needed = time.time()
+            for name in warm:  # the wait's idle time: what the caller would import after it, serially
+                if not probe_thread.is_alive():
+                    break
+                try:
+                    importlib.import_module(name)
+                except Exception:  # the caller's own import says what is wrong, where it needs it
+                    pass
             probe_thread.join()
             ctx.cuda = box["result"]
-            record_probe(run, ctx.cuda)
+            if isinstance(ctx.cuda.get("parent_at"), dict):  # where the command waited on the child
+                ctx.cuda["parent_at"].update(needed=round(needed, 4), joined=round(time.time(), 4))
             probe_thread = None
+
+    def record_live_probe() -> None:  # once the checks are done: how long those after the wait took
+        if box is not None and isinstance(ctx.cuda, dict):
+            if isinstance(ctx.cuda.get("parent_at"), dict):
+                ctx.cuda["parent_at"]["checks_done"] = round(time.time(), 4)
+            record_probe(run, ctx.cuda)
 
     if ctx.meminfo is None or ctx.meminfo.total_bytes is None or ctx.state("meminfo") != OK:
         join_probe()
+        record_live_probe()
         damaged = ctx.meminfo is not None and (ctx.state("meminfo") in (OK, DAMAGED))
         what = ctx.describe("meminfo") if ctx.state("meminfo") != OK else \
             f"{ctx.root.display('proc/meminfo')} is damaged: it has no readable MemTotal line"
@@ -128,12 +149,14 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
         return _error_result(plan, root_dir, root, run, f"cannot evaluate this node: {what}; {hint}", t0)
     ctx.cgroup  # a --pid/--cgroup that cannot be found is the caller's error, before any check runs
 
-    verdicts: list[tuple[Any, Verdict]] = []
-    for check in all_checks():
+    by_id: dict[str, Verdict] = {}
+    registry = all_checks()
+    # the checks that read the probe's result run last, so that the others overlap the child
+    for check in sorted(registry, key=lambda c: c.id in NEEDS_PROBE):
         if check.id in skip:
-            verdicts.append((check, Verdict(SKIP, "skipped on request (--skip)")))
+            by_id[check.id] = Verdict(SKIP, "skipped on request (--skip)")
             continue
-        if check.id in ("device", "cotenants", "numa", "iommu"):
+        if check.id in NEEDS_PROBE:
             join_probe()
         try:
             verdict = check.run(ctx)
@@ -144,8 +167,10 @@ def run_preflight(plan: Plan, root_path: Path | str = "/", run: RunDir | None = 
             verdict = Verdict(ERROR, f"check crashed: {type(exc).__name__}: {exc} at {Path(where.filename).name}:"
                                      f"{where.lineno} (please report this)",
                               "report it with the run directory; --skip this check to accept the gap")
-        verdicts.append((check, verdict))
+        by_id[check.id] = verdict
     join_probe()
+    record_live_probe()
+    verdicts: list[tuple[Any, Verdict]] = [(c, by_id[c.id]) for c in registry]  # the registry's order, as before
 
     verdicts.sort(key=lambda cv: STATUS_ORDER[cv[1].status])
     checks = [CheckResult(id=c.id, title=c.title, status=v.status, summary=v.summary, remedy=v.remedy,

@@ -11,7 +11,10 @@ import signal
 import sys
 
 
-def _interrupted_at_start_up(signum, frame):  # nothing is set up yet: nothing to undo
+def _interrupted_at_start_up(signum, frame):  # nothing is set up yet but the probe's child: kill it
+    cancel = getattr(sys.modules.get("diag.cuda"), "cancel_early", None)  # None while it is still importing
+    if cancel is not None:
+        cancel()
     os.write(2, b"hostpin: interrupted\n")
     os._exit(130)
 
@@ -20,6 +23,8 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
     signal.signal(signal.SIGINT, _interrupted_at_start_up)
     signal.signal(signal.SIGTERM, _interrupted_at_start_up)
     signal.signal(signal.SIGHUP, _interrupted_at_start_up)
+    from diag.cuda import start_early  # light (json, os, threading): the probe's child starts before click
+    start_early(sys.argv[1:])
 
 import click  # noqa: E402
 

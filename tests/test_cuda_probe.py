@@ -96,6 +96,45 @@ def test_a_bad_option_after_the_probe_started_leaves_no_child(tmp_path, monkeypa
         assert not _alive(pid), f"the probe's child {pid} outlived the command"
 
 
+def test_the_console_command_starts_the_probe_before_click_and_kills_it_on_a_usage_error(tmp_path, monkeypatch):
+    """`hostpin preflight` starts the probe's child first (start_early, before click and the
+    readers are imported); a --size that click rejects ends the command before preflight takes
+    the child, and the command kills it at exit."""
+    pidfile = _hanging_probe(tmp_path, monkeypatch)
+    with open(tmp_path / "sitecustomize.py", "a") as fh:  # hostpin itself: click takes 1.5 s to import
+        fh.write("class _SlowClick:\n"
+                 "    def find_spec(self, name, path=None, target=None):\n"
+                 "        if name == 'click':\n"
+                 "            time.sleep(1.5)\n"
+                 "if 'diag.cuda' not in getattr(sys, 'orig_argv', []):\n"
+                 "    sys.meta_path.insert(0, _SlowClick())\n")
+    proc = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--size", "bogus", "--out",
+                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert pidfile.exists(), "no probe child was started before click was imported"
+    pid, deadline = int(pidfile.read_text()), time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the probe's child {pid} outlived the command"
+
+
+def test_a_cuda_timeout_starts_the_probe_in_preflight_itself(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--size", "1GiB", "--cuda-timeout", "20",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1, 3) and "Traceback" not in proc.stderr
+    probe = json.loads(next(tmp_path.glob("*/probes/cuda.json")).read_text())
+    assert probe["parent_at"]["early"] is False
+
+
+def test_no_early_probe_where_the_command_says_no_cuda(tmp_path, monkeypatch):
+    pidfile = _hanging_probe(tmp_path, monkeypatch)
+    proc = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--size", "bogus", "--no-cuda"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    time.sleep(0.5)
+    assert not pidfile.exists()
+
+
 def test_preflight_records_where_the_probe_spent_its_time(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "repro.cli", "preflight", "--size", "1GiB", "--json", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
@@ -108,3 +147,7 @@ def test_preflight_records_where_the_probe_spent_its_time(tmp_path):
     else:
         assert 0 < steps["import_bindings"] <= probe["duration_s"]
         assert list(steps) == sorted(steps, key=steps.get)  # each step ends after the one before
+    at = probe["parent_at"]  # epoch stamps: spawned, the child began, the parent read it, needed it, had it
+    assert at["early"] is True  # started by the console command, before click (no --cuda-timeout given)
+    assert at["spawn"] <= at["popen_returned"] <= at["read"] <= at["joined"]
+    assert at["spawn"] < probe["began_at"] < at["read"] and at["needed"] <= at["joined"]
