@@ -13,11 +13,11 @@ or another tracer's instances. Nothing else in diag gets this exception.
     budget    events -> a thread's time budget over a phase (pure), attach_budgets
     session   a trace of a watch: instances, readers, the raw trace in the run, the ledger
 """
-from .budget import CAUSES, Ledger, attach_budgets, budget_from_events, classify_stack
+from .budget import CAUSES, Ledger, attach_budgets, budget_from_events, classify_stack, pick_pinner
 from .parse import Event, parse_lines, parse_text
 from .session import Tracer, TraceUnavailable, buffer_kb
 from .tracefs import PREFIX, TRACEFS, remove_instance, stale_instances
 
-__all__ = ["CAUSES", "Ledger", "attach_budgets", "budget_from_events", "classify_stack", "Event", "parse_lines",
+__all__ = ["CAUSES", "Ledger", "attach_budgets", "budget_from_events", "classify_stack", "pick_pinner", "Event", "parse_lines",
            "parse_text", "Tracer", "TraceUnavailable", "buffer_kb", "PREFIX", "TRACEFS", "remove_instance",
            "stale_instances"]

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from .parse import Event
 
-__all__ = ["CAUSES", "BIN_S", "Ledger", "budget_from_events", "classify_stack", "attach_budgets"]
+__all__ = ["CAUSES", "BIN_S", "Ledger", "budget_from_events", "classify_stack", "attach_budgets", "pick_pinner"]
 
 CAUSES = ("io", "reclaim", "compaction", "lock_wait", "migration", "cpu", "runqueue", "other")
 BIN_S = 0.05
@@ -127,11 +127,12 @@ class _Dist:
 
 class _Bin:
     __slots__ = ("causes", "events", "requests", "bios", "bytes", "devices", "rq_lat", "sleep", "io_sleeps",
-                 "inferred")
+                 "inferred", "unseen")
 
     def __init__(self):
         self.causes = [0.0] * len(CAUSES)
         self.inferred = 0.0           # seconds of sleeps without a stack of their own (see Ledger)
+        self.unseen = 0.0             # seconds counted on-CPU whose switch-in was not recorded (see Ledger)
         self.events: dict[str, int] = defaultdict(int)
         self.requests = self.bios = self.bytes = 0
         self.devices: dict[str, int] = defaultdict(int)
@@ -141,7 +142,8 @@ class _Bin:
 
 
 class _Thread:
-    __slots__ = ("last", "on_cpu", "sleep_cause", "off_at", "windows", "bins", "last_cause", "stacked")
+    __slots__ = ("last", "on_cpu", "sleep_cause", "off_at", "windows", "bins", "last_cause", "stacked", "dead",
+                 "woken")
 
     def __init__(self):
         self.last: float | None = None     # the time up to which this thread's time is accounted
@@ -152,6 +154,8 @@ class _Thread:
         self.bins: dict[int, _Bin] = {}
         self.last_cause: str | None = None   # the cause its last stack named
         self.stacked = False                 # the current sleep has a stack of its own
+        self.dead = False                    # it exited (its last switch-out had state X or Z)
+        self.woken = False                   # woken, and not yet seen on a CPU (runnable)
 
 
 class Ledger:
@@ -180,6 +184,8 @@ class Ledger:
     def _label(self, th: _Thread) -> tuple[str | None, bool]:
         """The thread's cause now, and whether it is inferred (a sleep whose stack was not taken:
         the trigger takes a limited number a second; it gets the cause of the thread's last stack)."""
+        if th.dead:
+            return None, False
         for w in _WINDOW_PRIORITY:
             if w in th.windows:
                 return w, False
@@ -187,12 +193,15 @@ class Ledger:
             return None, False
         if th.on_cpu:
             return "cpu", False
+        if th.woken:
+            return "runqueue", False
         if th.sleep_cause is None and not th.stacked and th.last_cause:
             return th.last_cause, True
         return th.sleep_cause or "other", False
 
-    def _advance(self, th: _Thread, t: float) -> None:
-        """Account the thread's time from th.last to t under its current label."""
+    def _advance(self, th: _Thread, t: float, unseen: bool = False) -> None:
+        """Account the thread's time from th.last to t under its current label (unseen: on a CPU
+        by inference, its switch-in not recorded)."""
         if th.last is None or t <= th.last:
             th.last = t if th.last is None else th.last
             return
@@ -210,6 +219,8 @@ class Ledger:
                 b.causes[k] += edge - a
                 if inferred:
                     b.inferred += edge - a
+                if unseen:
+                    b.unseen += edge - a
                 a = edge
         th.last = t
 
@@ -256,6 +267,20 @@ class Ledger:
         if n == "lost":
             self.lost += ev.args.get("n", 0)
             return
+        own = self.threads.get(ev.pid) if n != "stack" else None
+        if own is not None and own.on_cpu is False and not own.dead:
+            # an event in the thread's own context: it is on a CPU. The pid filter does not record
+            # a switch from the idle task to it (6.18 on the H200 and CI), so the time since its
+            # wakeup, or since it was preempted where no switch back was recorded (an idle CPU
+            # took it), is taken as on-CPU and counted apart (`unseen_s`); with neither, it is on a
+            # CPU from this event on.
+            if own.woken or own.sleep_cause == "runqueue":
+                own.on_cpu, own.woken = True, False
+                self._advance(own, ev.ts, unseen=True)
+            else:
+                self._advance(own, ev.ts)
+                own.on_cpu = True
+            own.sleep_cause, own.off_at = None, None
         if n == "sched_switch":
             prev, nxt = ev.args["prev"], ev.args["next"]
             if prev in self.threads:
@@ -267,12 +292,14 @@ class Ledger:
                 th.sleep_cause = "runqueue" if preempted else None
                 th.off_at = None if preempted else ev.ts
                 th.stacked = False
+                if ev.args["state"][:1] in ("X", "Z"):  # its last switch: no time of it after this
+                    th.dead, th.windows = True, {}
                 self._bin(th, ev.ts).events["sched_switch"] += 1
             if nxt in self.threads:
                 th = self.threads[nxt]
                 self._advance(th, ev.ts)
                 th.last = ev.ts
-                th.on_cpu, th.sleep_cause, th.off_at = True, None, None
+                th.on_cpu, th.sleep_cause, th.off_at, th.woken = True, None, None, False
                 if prev not in self.threads:
                     self._bin(th, ev.ts).events["sched_switch"] += 1
             return
@@ -296,6 +323,9 @@ class Ledger:
                     sb.sleep.add(ev.ts - th.off_at)
                     sb.io_sleeps += 1
                 th.off_at = None
+            if th.on_cpu is False and not th.dead and not th.woken:
+                self._advance(th, ev.ts)  # the sleep ends here: runnable from now
+                th.woken = True
             return
         if n in _OPEN or n in _CLOSE:
             if ev.pid not in self.threads:
@@ -363,7 +393,7 @@ class Ledger:
         wall = max(0.0, end - start)
         causes = [0.0] * len(CAUSES)
         events: dict[str, float] = defaultdict(float)
-        requests = bios = nbytes = io_sleeps = inferred = 0.0
+        requests = bios = nbytes = io_sleeps = inferred = unseen = 0.0
         devices: dict[str, float] = defaultdict(float)
         rq, sl = _Dist(), _Dist()
         with self._lock:
@@ -387,6 +417,7 @@ class Ledger:
             nbytes += b.bytes * w
             io_sleeps += b.io_sleeps * w
             inferred += b.inferred * w
+            unseen += b.unseen * w
             for d, c in b.devices.items():
                 devices[d] += c * w
             rq.merge(b.rq_lat, w)
@@ -419,6 +450,7 @@ class Ledger:
             "explained": round(named / wall, 4) if wall else None,
             "events": {k: round(v) for k, v in sorted(events.items()) if round(v)},
             "inferred_s": round(inferred, 3),
+            "unseen_s": round(unseen, 3),
             "dropped": dropped,
             "io": {"basis": basis, "requests": round(requests), "bios": round(bios), "bytes": round(nbytes),
                    "devices": {d: round(c) for d, c in sorted(devices.items(), key=lambda x: -x[1]) if round(c)},
@@ -436,6 +468,21 @@ def budget_from_events(events: Iterable[Event], tid: int, start: float, end: flo
     ledger.feed_all(evs)
     ledger.close(max([end] + [e.ts for e in evs]))
     return ledger.budget(tid, start, end, dropped)
+
+
+def pick_pinner(budgets: dict[int, dict | None]) -> dict | None:
+    """Of a process's threads' budgets over a pin, the pinner's: the one with the most time measured
+    in named causes (its other threads sleep in futex or poll, 'other'). Time inferred from an
+    earlier stack counts for nothing here, and an exited thread has none after its exit."""
+    best = None
+    for tid in sorted(budgets):
+        b = budgets[tid]
+        if b is None:
+            continue
+        named = (b.get("covered_s") or 0) - (b["causes"].get("other") or 0) - (b.get("inferred_s") or 0)
+        if best is None or named > best[0]:
+            best = (named, b)
+    return best[1] if best else None
 
 
 def attach_budgets(result_or_phases: Any, source: Any) -> int:
