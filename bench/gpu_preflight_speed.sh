@@ -38,3 +38,9 @@ floor = r.get("floor: import cuda.bindings + cuInit", {}).get("median_s")
 if wall and floor:
     print(f"goal: with the probe {wall:.3f} s against 0.35 s; {wall - floor:+.3f} s from the floor {floor:.3f} s (goal +0.05)")
 PY
+# where --no-cuda's time goes on this node: the slowest imports, and the top of a profile
+echo "== --no-cuda: slowest imports (self+cumulative us)"
+python3 -X importtime -m repro.cli preflight --no-cuda >/dev/null 2>"$OUT/importtime.txt"
+sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -15 | tee -a "$OUT/preflight_speed.txt"
+echo "== --no-cuda: profile (cumulative)"
+python3 -m cProfile -s cumulative -m repro.cli preflight --no-cuda 2>&1 | grep -A30 "Ordered by" | tee -a "$OUT/preflight_speed.txt"

@@ -37,7 +37,7 @@ print("peak RSS MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 EOF
 for m in hostalloc pin_memory; do
   echo "== 3. repro register --allocator torch --method $m --size 256MiB"
-  timeout 150 $HP repro register --allocator torch --method $m --size 256MiB --python python3 \
+  timeout 150 $HP repro register --allocator torch --method $m --size 256MiB --python "$(command -v python3)" \
       --out "$OUT/runs" --json > "$SCRATCH/r.json" 2> "$SCRATCH/r.err"
   echo "exit $?"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('outcome', d.get('outcome'), '| torch', (d.get('options') or {}).get('torch_version'), '|', (d.get('verdict') or '')[:160])" "$SCRATCH/r.json" 2>&1

@@ -222,9 +222,8 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
     popen_returned = round(time.time(), 4)
     if started is not None:
         started(proc)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    line = _first_line(proc, t0 + timeout)
+    if line is None:  # no answer in time
         proc.kill()
         stdout, stderr = proc.communicate()
         return {"status": "timeout", "duration_s": round(time.monotonic() - t0, 3),
@@ -235,6 +234,18 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
                 "stderr": (stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
     duration = round(time.monotonic() - t0, 3)
     parent_at = {"spawn": round(spawned, 4), "popen_returned": popen_returned, "read": round(time.time(), 4)}
+    if line.endswith(b"\n"):
+        # the answer is whole: the child's exit (the driver closing its files, 0.1 s on the H200) is
+        # not waited for; a thread reaps it, and what it wrote to stderr so far is kept
+        stdout, stderr = line, _available(proc.stderr)
+        threading.Thread(target=_reap, args=(proc,), name="cuda-probe-reap", daemon=True).start()
+    else:  # it ended without a whole line: its exit status and all of stderr say why
+        try:
+            rest, stderr = proc.communicate(timeout=max(1.0, t0 + timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest, stderr = proc.communicate()
+        stdout = line + (rest or b"")
     proc.stdout, proc.stderr = stdout, stderr  # read below as subprocess.run's result was
     try:
         result = json.loads(proc.stdout.decode(errors="replace") or "null")
@@ -244,14 +255,64 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
     if problem:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
         result = {"status": "error", "devices": [],
-                  "message": f"the CUDA probe exited {proc.returncode} without a usable result ({problem})"
+                  "message": (f"the CUDA probe exited {proc.returncode}" if proc.poll() is not None
+                              else "the CUDA probe answered") + f" without a usable result ({problem})"
                              + (f": {tail[0][:200]}" if tail else ""),
                   "stdout": proc.stdout.decode(errors="replace")[:2000]}
     result["duration_s"] = duration
     result["parent_at"] = parent_at
-    result["returncode"] = proc.returncode
+    result["returncode"] = proc.poll()  # None: still exiting after a whole answer (reaped apart)
     result["stderr"] = proc.stderr.decode(errors="replace")[-4000:]
     return result
+
+
+def _first_line(proc, deadline: float) -> bytes | None:
+    """What the child wrote to stdout up to its first newline or its end (EOF), or None if neither
+    came by the deadline (time.monotonic())."""
+    import selectors
+    fd = proc.stdout.fileno()
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return buf
+            buf += chunk
+            if b"\n" in chunk:
+                return buf[:buf.index(b"\n") + 1]
+
+
+def _available(pipe) -> bytes:
+    """What is in a pipe now, without waiting (the child's stderr once its answer came)."""
+    os.set_blocking(pipe.fileno(), False)
+    out = b""
+    try:
+        while len(out) < 1 << 16:
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                break
+            out += chunk
+    except BlockingIOError:
+        pass
+    return out
+
+
+def _reap(proc) -> None:
+    try:
+        proc.wait(timeout=DEFAULT_TIMEOUT_S)
+    except Exception:
+        proc.kill()
+        proc.wait()
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            try:
+                pipe.close()
+            except (OSError, AttributeError):
+                pass
 
 
 class ProbeRun:

@@ -15,7 +15,8 @@ from diag import cuda
 
 def test_probe_on_this_machine_is_a_clean_result():
     result = cuda.probe_in_child(timeout=60)
-    assert result["returncode"] == 0 and "Traceback" not in result["stderr"]
+    # the answer is taken at its newline: the child may still be exiting (None) and is reaped apart
+    assert result["returncode"] in (0, None) and "Traceback" not in result["stderr"]
     assert result["status"] in ("ok", "no_driver", "no_device", "driver_too_old", "no_bindings")
     assert result["message"]
     if not Path("/proc/driver/nvidia/version").exists():
