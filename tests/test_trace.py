@@ -424,3 +424,42 @@ def test_recorded_h200_prefaulted_register_budget_is_the_pinners_cpu_time_not_an
     assert b is budgets[2515]
     assert b["causes"]["cpu"] >= 0.95 * ph["seconds"], b["causes"]
     assert b["inferred_s"] == 0
+
+
+@live
+def test_a_tracepoint_this_kernel_lacks_is_named_and_the_rest_still_traces(tmp_path, monkeypatch):
+    """The kernel's own answer for an event it does not have (its events/ directory has no such
+    entry): one pid-instance event added to the list under a name no kernel has. The tracer names it
+    in a note and in events_missing, still records this process's scheduler events, and leaves no
+    instance behind."""
+    from diag.cliopts import open_run
+    from diag.trace import session
+    monkeypatch.setattr(session, "PID_EVENTS", session.PID_EVENTS + ("hostpin_none/no_such_event",))
+    run = open_run(tmp_path / "runs", "trace-test")
+    before = _ours()
+    tracer = session.Tracer.start(run, [os.getpid()], time.monotonic())
+    try:
+        for _ in range(20):
+            time.sleep(0.01)  # sleeps: scheduler switches of this thread
+    finally:
+        summary = tracer.stop()
+    assert summary["events_missing"] == ["hostpin_none/no_such_event"]
+    assert any("no hostpin_none/no_such_event tracepoint" in n for n in summary["notes"]), summary["notes"]
+    assert "sched/sched_switch" in summary["events_enabled"] and summary["events"] >= 20
+    assert _ours() == before and summary["cleanup_problems"] == []
+
+
+@live
+def test_a_required_tracepoint_missing_refuses_the_trace_and_leaves_nothing(tmp_path, monkeypatch):
+    """The same kernel answer for a required event: no trace (TraceUnavailable, naming it), the watch
+    would sample instead; the instance made before the check is removed."""
+    from diag.cliopts import open_run
+    from diag.trace import session
+    from diag.watch.traced import start_trace
+    monkeypatch.setattr(session, "REQUIRED", session.REQUIRED + ("hostpin_none/no_such_event",))
+    run = open_run(tmp_path / "runs", "trace-test")
+    before = _ours()
+    notes: list[str] = []
+    assert start_trace(run, [os.getpid()], time.monotonic(), notes) is None
+    assert notes == ["--trace: this kernel has no hostpin_none/no_such_event tracepoint; the bound is sampled only"]
+    assert _ours() == before
