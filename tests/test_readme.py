@@ -174,3 +174,14 @@ def test_what_the_examples_write_is_ignored_by_git():
     r = subprocess.run(["git", "check-ignore", "--no-index", *sorted(outputs)], cwd=REPO, capture_output=True,
                        text=True, timeout=60)
     assert set(r.stdout.split()) == outputs, f"not ignored: {sorted(outputs - set(r.stdout.split()))}"
+
+
+def test_every_bench_script_has_a_row_in_bench_readme():
+    """bench/README.md's table names every script in bench/ (a new engineer reads what it measures,
+    where it runs, how long it takes and its last figure there)."""
+    table = (REPO / "bench" / "README.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = {m for line in rows for m in re.findall(r"`([\w.]+\.(?:sh|py))", line.split("|")[1])}
+    scripts = {p.name for p in (REPO / "bench").iterdir() if p.suffix in (".sh", ".py")}
+    assert scripts - named == set(), f"bench scripts without a row: {sorted(scripts - named)}"
+    assert named - scripts == set(), f"rows for scripts that are gone: {sorted(named - scripts)}"
