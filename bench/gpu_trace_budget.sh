@@ -34,7 +34,7 @@ else:
             f"budget: " + ", ".join(f"{k} {v:.2f}" for k, v in c.items() if v) +
             f" explained={b.get('explained')} requests={io.get('requests')} bytes={io.get('bytes')} "
             f"basis={io.get('basis')} devices={list(io.get('devices') or {})} sleep_p50_ms={lat} "
-            f"dropped={b.get('dropped')} events={t.get('events')} trace_bytes={t.get('raw_bytes')} "
+            f"dropped={b.get('dropped')} by_instance={t.get('dropped_by_instance')} lost_lines={t.get('lost_lines_events')} events={t.get('events')} trace_bytes={t.get('raw_bytes')} "
             f"buffers={t.get('buffer_bytes')} xid_event={'nvidia/nvidia_dev_xid' in (t.get('events_enabled') or [])} "
             f"xids={t.get('xids')} notes={r.get('notes')}")
     print(json.dumps(b, indent=1)[:3000])
@@ -106,6 +106,9 @@ EOF
   ls /sys/kernel/tracing/instances 2>&1; $HP repro cleanup --dry-run 2>&1 | tail -3
 } 2>&1 | tee $OUT/trace-budget.txt
 
+# case A's raw trace compressed on its own (it tells which ring lost events: trace.dropped_by_instance)
+a_dir=$(python3 -c "import json; print(json.load(open('$R/A.json')).get('run_dir') or '')" 2>/dev/null)
+[ -n "$a_dir" ] && [ -d "$a_dir/trace" ] && tar czf $OUT/trace-A-raw.tgz -C "$a_dir" trace 2>/dev/null
 # raw traces above 4 MiB stay out of the archive (8 files of 16 MiB come back at most)
 (cd /tmp && tar czf $OUT/runs-trace.tgz --exclude='*/runs-d/*/trace/*' \
     $(find rtrace -path '*/trace/*.txt' -size +4M -printf "--exclude=%p ") rtrace 2>/dev/null)

@@ -332,12 +332,13 @@ class Tracer:
                 inst.write("tracing_on", "0")
             except OSError:
                 pass
-        overrun = 0
+        overruns = []
         for inst in self.instances:
             try:
-                overrun += inst.per_cpu_overrun()
+                overruns.append(inst.per_cpu_overrun())
             except OSError:
-                pass
+                overruns.append(0)
+        overrun = sum(overruns)
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
@@ -368,7 +369,10 @@ class Tracer:
             "events_enabled": sorted(set(e for i in self.instances for e in i.enabled)),
             "events_missing": sorted(set(e for i in self.instances for e in i.missing)),
             "buffer_kb_per_cpu": list(self.kb), "buffer_bytes": (self.kb[0] + self.kb[1]) * 1024 * ncpu,
-            "events": self.ledger.events, "dropped": overrun + self.ledger.lost,
+            # the rings' overrun and trace_pipe's "LOST n EVENTS" lines count the same events (a
+            # consuming reader is told of the overrun since its last read): the larger, not the sum
+            "events": self.ledger.events, "dropped": max(overrun, self.ledger.lost),
+            "dropped_by_instance": overruns, "lost_lines_events": self.ledger.lost,
             "raw_bytes": sum(r.raw_bytes for r in self.readers),
             "kept_bytes": sum(r.kept_bytes for r in self.readers),
             "files": [r.rel for r in self.readers], "threads": len(self.tids),
