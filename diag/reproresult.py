@@ -159,10 +159,10 @@ class ReproRegisterResult(Result):
     def from_dict(cls, data: dict[str, Any]) -> "ReproRegisterResult":
         """A recorded result, checked field by field; ResultDamaged names the first wrong one."""
         if not isinstance(data, dict):
-            raise ResultDamaged(f"the result is a {_kind(data)}, not an object")
+            raise ResultDamaged(f"the result is {_kind(data)}, not an object")
         version = data.get("schema_version") if data.get("schema") == cls.SCHEMA else 0
         if not isinstance(version, int) or isinstance(version, bool):
-            raise ResultDamaged(f"schema_version is a {_kind(version)}, not a whole number")
+            raise ResultDamaged(f"schema_version is {_kind(version)}, not a whole number")
         if "outcome" not in data:
             raise ResultDamaged("outcome is missing")
         result = _build(cls, {k: v for k, v in data.items() if k not in ("schema", "schema_version")}, "")
@@ -172,7 +172,11 @@ class ReproRegisterResult(Result):
 
 # -- reading JSON into the dataclasses, checking each field's type ---------------------------------
 def _kind(v: Any) -> str:
-    return "null" if v is None else type(v).__name__
+    """'null', 'a str', 'an int': what a JSON value is, as Python read it."""
+    if v is None:
+        return "null"
+    name = type(v).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -213,34 +217,34 @@ def _value(value: Any, hint: Any, where: str) -> Any:
         return value
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not an object")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not an object")
         return _build(hint, value, f"{where}.")
     if origin is list or hint is list:
         if not isinstance(value, list):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not a list")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not a list")
         item = args[0] if args else Any
         return [_value(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not an object")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not an object")
         item = args[1] if len(args) == 2 else Any
         return {k: _value(v, item, f"{where}.{k}") for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not true or false")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not true or false")
         return value
     if hint is int:
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not a whole number")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not a whole number")
         return value
     if hint is float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not a number")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not a number")
         if value != value or value in (float("inf"), float("-inf")):
             raise ResultDamaged(f"{where} is {value!r}, not a number")
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise ResultDamaged(f"{where} is a {_kind(value)}, not a string")
+            raise ResultDamaged(f"{where} is {_kind(value)}, not a string")
         return value
     return value

@@ -118,9 +118,9 @@ def test_a_failed_rank_is_read_by_field(tmp_path):
     ("ranks", [{"rank": 0, "outcome": "failed", "error": {"code": "1"}}], "ranks[0].error.code is a str"),
     ("cleanup", [{"undo": "swapoff", "ok": "yes"}], "cleanup[0].ok is a str, not true or false"),
     ("stopped", {"phase": "pin"}, "stopped.reason is missing"),
-    ("notes", [3], "notes[0] is a int, not a string"),
+    ("notes", [3], "notes[0] is an int, not a string"),
     ("pinned_pages", 1.5, "pinned_pages is a float, not a whole number"),
-    ("outcome", None, "outcome is a null, not a string"),
+    ("outcome", None, "outcome is null, not a string"),
 ])
 def test_a_mistyped_register_field_is_named(field, value, named):
     from diag.results import ResultDamaged, result_shape_problem
@@ -179,3 +179,29 @@ def test_watch_results_are_typed_and_round_trip():
     back = load_result(data)
     assert isinstance(back, WatchResult) and isinstance(back.phases[0], PhaseResult)
     assert result_dict(back) == data
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_a_register_result_with_a_mistyped_field_is_exit_3_in_one_line(tmp_path, command):
+    """Read by the real CLI: a run whose result.json has a rank's seconds as text is refused
+    whole (exit 3), in one line that names the field; before, report rendered around it. (bundle
+    packs the evidence as the manifest vouches for it, without reading the result.)"""
+    import hashlib
+    import shutil
+    from conftest import hostpin
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "ci-repro-swap-mlock", run)
+    doc = json.loads((run / "result.json").read_text())
+    doc["ranks"][0]["seconds"] = "3 s"
+    data = json.dumps(doc).encode()
+    (run / "result.json").write_bytes(data)
+    manifest = json.loads((run / "manifest.json").read_text())  # the manifest vouches for it: only the field is wrong
+    entry = next(e for e in manifest["entries"] if e["path"] == "result.json")
+    entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    args = {"report": ["report", str(run)], "compare": ["compare", str(run), str(FIXTURES / "ci-preflight")]}[command]
+    r = hostpin(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("hostpin: error:") and "ranks[0].seconds is a str, not a number" in lines[0]
+    assert "Traceback" not in r.stderr
