@@ -201,7 +201,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     bar.done()
     data = write_result(run, result)
     json_to_file(data)
-    click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(data))
+    click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
     return evidence_exit(run, result.exit_code)
 
 
