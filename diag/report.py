@@ -145,6 +145,8 @@ def _preflight_body(r: dict, md: bool) -> str:
 
 
 def _repro_body(run: Run, md: bool) -> str:
+    if not run.result:  # killed before it wrote its result: the timeline and stacks below are what there is
+        return "No result: the run did not finish.\n"
     r = ReproRegisterResult.from_dict(run.result)  # the run was read whole: its fields have their types
     fmt = "github" if md else "simple"
     safe = md_cell if md else one_line  # a bundle's result is foreign text: no cell, heading or beacon of its own

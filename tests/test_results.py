@@ -181,7 +181,7 @@ def test_watch_results_are_typed_and_round_trip():
     assert result_dict(back) == data
 
 
-@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize("command", ["report", "compare", "report, the result naming no command"])
 def test_a_register_result_with_a_mistyped_field_is_exit_3_in_one_line(tmp_path, command):
     """Read by the real CLI: a run whose result.json has a rank's seconds as text is refused
     whole (exit 3), in one line that names the field; before, report rendered around it. (bundle
@@ -193,13 +193,16 @@ def test_a_register_result_with_a_mistyped_field_is_exit_3_in_one_line(tmp_path,
     shutil.copytree(FIXTURES / "ci-repro-swap-mlock", run)
     doc = json.loads((run / "result.json").read_text())
     doc["ranks"][0]["seconds"] = "3 s"
+    if command.endswith("no command"):  # the manifest says what it is (repro-register)
+        del doc["command"]
     data = json.dumps(doc).encode()
     (run / "result.json").write_bytes(data)
     manifest = json.loads((run / "manifest.json").read_text())  # the manifest vouches for it: only the field is wrong
     entry = next(e for e in manifest["entries"] if e["path"] == "result.json")
     entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
     (run / "manifest.json").write_text(json.dumps(manifest))
-    args = {"report": ["report", str(run)], "compare": ["compare", str(run), str(FIXTURES / "ci-preflight")]}[command]
+    args = {"report": ["report", str(run)], "compare": ["compare", str(run), str(FIXTURES / "ci-preflight")]}.get(
+        command, ["report", str(run)])
     r = hostpin(*args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 3 and len(lines) == 1, r.stderr
