@@ -56,7 +56,7 @@ MUTATIONS = [
              "    pressure_part = max(0, used - (own or 0))",
              ["tests/test_checks.py::test_swap_exposure_is_bounded_by_the_plan"]),
     Mutation("verdict-drops-catalog", "the catalog dropped from failed-pin verdicts", "repro/outcome.py",
-             '''        cat = f" (catalog {e['catalog']}: {e['meaning']})" if e.get("catalog") and e.get("meaning") else ""''',
+             '        cat = f" (catalog {e.catalog}: {e.meaning})" if e.catalog and e.meaning else ""',
              '        cat = ""',
              ["tests/test_catalog.py::test_replay_the_recorded_fileshared_failure"]),
     Mutation("dead-child-not-oom", "a dead child no longer attributed to OOM", "diag/catalog.py",

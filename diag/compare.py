@@ -48,9 +48,9 @@ def run_figures(run: Run) -> dict[str, Any]:
         out["predicted_pin_seconds"] = pre.predicted_pin_seconds
         for c in sorted(pre.checks, key=lambda c: c.id):
             out[f"check {c.id}"] = c.status
-    rep = repro_result(r) if r.get("command") == "repro register" else None
+    rep = repro_result(r)
     if rep is not None:
-        out.update(plan=_plan(r), pin_seconds=rep.seconds, rate_gib_s=rep.rate_gib_s,
+        out.update(plan=_plan(rep.options), pin_seconds=rep.seconds, rate_gib_s=rep.rate_gib_s,
                    clean_rate_gib_s=rep.clean_rate_gib_s, bound=rep.bound, swapin_pages_per_s=rep.swapin_pages_per_s)
     if r.get("command") == "repro staging" and (r.get("summary") or {}).get("repeats"):
         side = r["summary"]["sides"]["pageable"]["hidden_total_bytes"]
@@ -62,8 +62,7 @@ def run_figures(run: Run) -> dict[str, Any]:
     return out
 
 
-def _plan(r: dict) -> str | None:
-    o = r.get("options") or {}
+def _plan(o: dict) -> str | None:
     return f"{o.get('ranks', 1)} x {format_bytes(o.get('size'))} by {o.get('method')}" if o else None
 
 

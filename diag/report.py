@@ -13,6 +13,7 @@ from typing import Any
 from tabulate import tabulate
 
 from .facts import FACT_LABELS
+from .reproresult import ReproRegisterResult
 from .runs import Run
 from .safetext import longest_fence, md_cell, one_line, printable
 from .units import format_bytes, format_duration
@@ -144,7 +145,9 @@ def _preflight_body(r: dict, md: bool) -> str:
 
 
 def _repro_body(run: Run, md: bool) -> str:
-    r = run.result
+    if not run.result:  # killed before it wrote its result: the timeline and stacks below are what there is
+        return "No result: the run did not finish.\n"
+    r = ReproRegisterResult.from_dict(run.result)  # the run was read whole: its fields have their types
     fmt = "github" if md else "simple"
     safe = md_cell if md else one_line  # a bundle's result is foreign text: no cell, heading or beacon of its own
     rows = []
@@ -156,28 +159,29 @@ def _repro_body(run: Run, md: bool) -> str:
                            ("first_bound_at_s", "bound named after", lambda v: f"{v:.1f} s"),
                            ("eta_error", "ETA at 20% vs the real end", lambda v: f"{100 * v:+.1f}%"),
                            ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
-        if r.get(key) is not None:
-            rows.append([label, safe(fn(r[key]))])
-    if r.get("swapped_out_bytes"):
-        rows.append(["in swap before the pin", ", ".join(format_bytes(x) for x in r["swapped_out_bytes"] if x is not None)])
-    if r.get("pinned_pages") is not None:
-        rows.append(["pinned", f"{r['pinned_pages']:,} of {r['expected_pages']:,} pages ({r.get('progress_counter')})"])
-    if r.get("stopped"):
-        p = r["stopped"].get("progress", {})
-        rows.append(["stopped", f"{r['stopped']['reason']} in phase {r['stopped']['phase']} at {r['stopped']['at_s']:.1f} s"
-                     + (f"; ETA then {format_duration(p.get('eta_s'))}" if p.get("eta_s") else "")])
-    if r.get("watchdog"):
-        rows.append(["watchdog cost", f"{r['watchdog']['watchdog_cpu_pct_of_core']:.2f}% of one core, "
-                                      f"{r['watchdog']['samples']} samples"])
+        if getattr(r, key) is not None:
+            rows.append([label, safe(fn(getattr(r, key)))])
+    if r.swapped_out_bytes:
+        rows.append(["in swap before the pin", ", ".join(format_bytes(x) for x in r.swapped_out_bytes if x is not None)])
+    if r.pinned_pages is not None:
+        of = f" of {r.expected_pages:,}" if r.expected_pages is not None else ""
+        rows.append(["pinned", f"{r.pinned_pages:,}{of} pages ({safe(str(r.progress_counter))})"])
+    if r.stopped:
+        eta = r.stopped.progress.get("eta_s")
+        at = f" at {r.stopped.at_s:.1f} s" if r.stopped.at_s is not None else ""
+        rows.append(["stopped", safe(f"{r.stopped.reason} in phase {r.stopped.phase}{at}")
+                     + (f"; ETA then {format_duration(eta)}" if isinstance(eta, (int, float)) and eta else "")])
+    if r.watchdog:
+        cpu, samples = r.watchdog.get("watchdog_cpu_pct_of_core"), r.watchdog.get("samples")
+        if isinstance(cpu, (int, float)):
+            rows.append(["watchdog cost", f"{cpu:.2f}% of one core, {samples} samples"])
     out = tabulate(rows, headers=["figure", "value"], tablefmt=fmt) + "\n"
-    ranks = r.get("ranks", [])
-    if len(ranks) > 1 or any(rk.get("error") for rk in ranks):
-        table = [[rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
-                  f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "",
-                  safe((rk.get("error") or {}).get("name") or (rk.get("error") or {}).get("message") or ""),
-                  safe((rk.get("error") or {}).get("catalog") or "")] for rk in ranks]
+    if len(r.ranks) > 1 or any(rk.error for rk in r.ranks):
+        table = [[rk.rank, safe(rk.outcome), format_duration(rk.seconds), f"{rk.rate_gib_s:.2f}" if rk.rate_gib_s else "",
+                  safe((rk.error.name or rk.error.message or "") if rk.error else ""),
+                  safe(rk.error.catalog or "" if rk.error else "")] for rk in r.ranks]
         out += "\n" + tabulate(table, headers=["rank", "outcome", "pin", "GiB/s", "error", "catalog"], tablefmt=fmt) + "\n"
-    for note in r.get("notes", []):
+    for note in r.notes:
         out += f"\nnote: {safe(note)}\n"
     return out
 

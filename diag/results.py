@@ -12,10 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .reproresult import RankResult, ReproRegisterResult, ResultDamaged
 from .resultbase import Result, result_dict, write_result
 from .watch.result import WatchResult
 
-__all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "SideFigures", "StagingResult",
+__all__ = ["Result", "CheckResult", "PreflightResult", "ReproRegisterResult", "RankResult", "ResultDamaged",
+           "SideFigures", "StagingResult",
            "result_dict", "write_result",
            "load_result", "preflight_result", "repro_result"]
 
@@ -121,49 +123,6 @@ def _upgrade_preflight_v1(r: PreflightResult) -> None:
 
 
 @dataclass
-class ReproRegisterResult(Result):
-    """`hostpin repro register`'s result; the keys not named here are kept in `extra` (the
-    reproducer's own figures, which issue 10's restructuring may move)."""
-    SCHEMA: ClassVar[str] = "hostpin.repro-register"
-    SCHEMA_VERSION: ClassVar[int] = 1
-
-    outcome: str | None = None
-    verdict: str | None = None
-    exit_code: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    run_dir: str | None = None
-    bound: str | None = None
-    seconds: float | None = None
-    rate_gib_s: float | None = None
-    clean_rate_gib_s: float | None = None
-    pinned_pages: int | None = None
-    expected_pages: int | None = None
-    page_size: int | None = None
-    swapin_pages_per_s: float | None = None
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    facts: dict[str, Any] | None = None
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    upgraded_from: int | None = None
-
-    @property
-    def failed_catalog(self) -> list[int]:
-        return [r["error"]["catalog"] for r in self.ranks if isinstance(r, dict)
-                and isinstance(r.get("error"), dict) and r["error"].get("catalog")]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ReproRegisterResult":
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: data[k] for k in names if k in data}
-        extra = {k: v for k, v in data.items() if k not in names and k not in ("schema", "schema_version")}
-        result = cls(**known, extra=extra)
-        if data.get("schema") != cls.SCHEMA:
-            result.upgraded_from = 0
-        return result
-
-
-@dataclass
 class SideFigures:
     """One side of a staging measurement (bytes); the first five fields are the JSON contract."""
     retained_bytes: float | None
@@ -229,14 +188,21 @@ _SCHEMAS = {PreflightResult.SCHEMA: PreflightResult, ReproRegisterResult.SCHEMA:
             StagingResult.SCHEMA: StagingResult, WatchResult.SCHEMA: WatchResult}
 
 
+def _result_class(data: dict[str, Any]) -> type | None:
+    cls = _SCHEMAS.get(data.get("schema"))
+    if cls is None and "schema" not in data:  # recorded before results had a schema
+        cls = {"preflight": PreflightResult, "repro register": ReproRegisterResult}.get(data.get("command"))
+        if cls is ReproRegisterResult and data.get("status") == "error":
+            cls = None  # what --json prints when the command could not run at all: no result of its kind
+    return cls
+
+
 def load_result(data: Any) -> Result | dict[str, Any]:
-    """A recorded result as its dataclass; a result of a kind with no schema yet stays a dict."""
+    """A recorded result as its dataclass; a result of a kind with no schema yet stays a dict.
+    A repro register result with a field of the wrong type raises ResultDamaged (a ValueError)."""
     if not isinstance(data, dict):
         return {}
-    cls = _SCHEMAS.get(data.get("schema"))
-    if cls is None:
-        command = data.get("command")
-        cls = {"preflight": PreflightResult, "repro register": ReproRegisterResult}.get(command)
+    cls = _result_class(data)
     return cls.from_dict(data) if cls else data
 
 
@@ -296,4 +262,9 @@ def result_shape_problem(data: dict[str, Any]) -> str | None:
             stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
         elif isinstance(value, list):
             stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    if _result_class(data) is ReproRegisterResult:
+        try:  # a typed result: every field as its type says
+            ReproRegisterResult.from_dict(data)
+        except ResultDamaged as exc:
+            return str(exc)
     return None

@@ -326,14 +326,15 @@ def _iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str]) -> dict[str, Any]:
+def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str], name: str = "") -> dict[str, Any]:
     if d.lstat("result.json") is None:
         return {}
     try:
         value = d.read_json("result.json")
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
-        shape = result_shape_problem(value)
+        command = command_of(manifest.get("command"), name)  # what Run.command says when the result does not
+        shape = result_shape_problem(value if "command" in value or not command else dict(value, command=command))
         if shape:  # every command that reads a run refuses the same result, naming the field
             raise ValueError(f"damaged: {shape}")
         return value
@@ -386,7 +387,7 @@ def open_run_path(path: Path | str, limits: Limits = DEFAULT_LIMITS) -> Run:
         problems = verify_manifest(d, manifest)
         if manifest.get("journal_cut"):
             problems.append("manifest.jsonl: its last line was cut (the run was killed while writing it)")
-        result = _read_result(d, manifest, partial, problems)
+        result = _read_result(d, manifest, partial, problems, p.name)
         killed_at, unrecorded = manifest.get("killed_at"), list(manifest.get("unrecorded") or [])
         if partial and "manifest.json" not in d.listdir():
             files = unrecorded_files(d, manifest)

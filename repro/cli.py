@@ -117,7 +117,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     """
     import json as _json
 
-    from .register import ReproError, ReproOptions, ReproUsageError, exit_code_for, run_repro, validate
+    from .register import ReproError, ReproOptions, ReproUsageError, run_repro, validate
     from .render import ProgressLine, render_result
 
     if not (source in ("anon", "shm", "uffd") or (source.startswith("file:") and len(source) > 5)):
@@ -183,14 +183,15 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         click.echo(_json.dumps(result, indent=2, default=str) if as_json else render_matrix(result["rows"], size, str(run.path)))
         return evidence_exit(run, result["exit_code"])
     from diag.results import ReproRegisterResult, write_result
+
+    from .outcome import build_result
     bar = ProgressLine()
     try:
-        result = run_repro(opts, run, on_tick=bar)
+        result = build_result(run_repro(opts, run, on_tick=bar))
     except ReproError as exc:
         bar.done()
         data = write_result(run, ReproRegisterResult(outcome="unevaluated", error=str(exc), exit_code=EXIT_UNEVALUATED,
-                                                     verdict=f"not run: {exc}", run_dir=str(run.path),
-                                                     extra={"tool": "hostpin", "command": "repro register"}))
+                                                     verdict=f"not run: {exc}", run_dir=str(run.path)))
         err = InputError(f"{exc} (evidence: {run.path})")
         json_to_file(data)
         if as_json:
@@ -198,11 +199,10 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
             err.json_printed = True  # the typed result was the answer; json_errors prints nothing more
         raise err from None
     bar.done()
-    result["exit_code"] = exit_code_for(result["outcome"])
-    data = write_result(run, ReproRegisterResult.from_dict(result))
+    data = write_result(run, result)
     json_to_file(data)
     click.echo(_json.dumps(data, indent=2, default=str) if as_json else render_result(result))
-    return evidence_exit(run, result["exit_code"])
+    return evidence_exit(run, result.exit_code)
 
 
 @repro.command("staging")

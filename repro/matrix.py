@@ -16,6 +16,7 @@ from diag.rootfs import Root
 
 from diag.report import matrix_verdict
 
+from .outcome import build_result
 from .register import ReproOptions, run_repro
 
 __all__ = ["run_matrix", "matrix_cases"]
@@ -46,13 +47,13 @@ def run_matrix(base: ReproOptions, run: RunDir) -> dict[str, Any]:
             continue
         opts = dataclasses.replace(base, method=method, thp=thp, prefault=prefault, ranks=1,
                                    register_flags="default", swap_out=None, swap_in_rate=None, make_swap=None)
-        result = run_repro(opts, run, prefix=f"cases/{name}/")
-        row.update({k: result.get(k) for k in ("outcome", "seconds", "rate_gib_s", "bound", "verdict",
-                                               "clean_rate_gib_s", "first_bound_at_s")})
-        pf = (result.get("ranks") or [{}])[0].get("prefault") or {}
-        row["prefault_s"] = pf.get("seconds")
+        result = build_result(run_repro(opts, run, prefix=f"cases/{name}/"))
+        row.update({k: getattr(result, k) for k in ("outcome", "seconds", "rate_gib_s", "bound", "verdict",
+                                                    "clean_rate_gib_s", "first_bound_at_s")})
+        prefault = result.ranks[0].prefault if result.ranks else None
+        row["prefault_s"] = prefault.seconds if prefault else None
         rows.append(row)
-        if result["outcome"] == "interrupted":
+        if result.outcome == "interrupted":
             break
     outcomes = {r["outcome"] for r in rows}
     code = EXIT_OK

@@ -1,4 +1,5 @@
-"""What a reproduction came to: each rank's outcome, the run's figures and its verdict sentence.
+"""What a reproduction came to: each rank's outcome, the run's figures and its verdict sentence,
+and the typed result (diag.reproresult.ReproRegisterResult) built from them.
 
 Reads what the supervisor and its tracker kept (diag.watch.tracker.summary) and the children's
 events; writes nothing.
@@ -12,13 +13,14 @@ from diag import catalog
 from diag.exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEVALUATED
 from diag.nvidia import read_nvidia
 from diag.pagesize import live_page_size
+from diag.reproresult import PinError, PrefaultFigures, RankResult, ReproRegisterResult
 from diag.rootfs import Root
 from diag.units import GiB, format_bytes, format_duration
 from diag.watch.render import cause_sentence
 
 from .children import Child
 
-__all__ = ["SLOW_FACTOR", "OUTCOMES", "exit_code_for", "failure_catalog", "summarize", "verdict"]
+__all__ = ["SLOW_FACTOR", "OUTCOMES", "build_result", "exit_code_for", "failure_catalog", "summarize", "verdict"]
 
 SLOW_FACTOR = 4.0  # completed at less than a quarter of this node's clean rate: "slow"
 OUTCOMES = ("completed", "slow", "failed", "stalled", "killed", "unkillable", "refused", "interrupted",
@@ -43,43 +45,55 @@ def failure_catalog(ev: dict, opts) -> tuple[int | None, str | None]:
     return found.as_tuple() if found else (None, None)
 
 
-def _rank_result(opts, c: Child, stop_reason: str | None) -> dict:
-    r: dict[str, Any] = {"rank": c.rank, "pid": c.pid, "exit_status": c.poll()}
+def _rank_result(opts, c: Child, stop_reason: str | None) -> RankResult:
+    rank = RankResult(rank=c.rank, pid=c.pid, exit_status=c.poll(), outcome="failed")
     if "prefault_done" in c.last:
         pf = c.last["prefault_done"]
-        r["prefault"] = {k: pf.get(k) for k in ("seconds", "rate_gib_s", "threads", "method", "skipped")}
+        rank.prefault = PrefaultFigures(**{k: pf.get(k) for k in ("seconds", "rate_gib_s", "threads", "method",
+                                                                   "skipped")})
     if "pin_done" in c.last:
         ev = c.last["pin_done"]
-        r.update(outcome="completed", seconds=ev["seconds"], chunks=ev.get("chunks"),
-                 rate_gib_s=opts.size / GiB / ev["seconds"] if ev["seconds"] > 0 else None)
+        rank.outcome, rank.seconds, rank.chunks = "completed", ev["seconds"], ev.get("chunks")
+        rank.rate_gib_s = opts.size / GiB / ev["seconds"] if ev["seconds"] > 0 else None
     elif "pin_failed" in c.last or "setup_failed" in c.last or "error" in c.last:
         ev = c.last.get("pin_failed") or c.last.get("setup_failed") or c.last.get("error")
         entry, meaning = failure_catalog(ev, opts)
-        r.update(outcome="failed", seconds=ev.get("seconds"), error={
-            "call": ev.get("call"), "code": ev.get("code"), "name": ev.get("name"), "message": ev.get("error"),
-            "catalog": entry, "meaning": meaning}, chunks=ev.get("chunks"))
+        rank.seconds, rank.chunks = ev.get("seconds"), ev.get("chunks")
+        rank.error = PinError(call=ev.get("call"), code=ev.get("code"), name=ev.get("name"), message=ev.get("error"),
+                              catalog=entry, meaning=meaning)
     elif stop_reason == "stall":
-        r["outcome"] = "stalled"
+        rank.outcome = "stalled"
     elif stop_reason == "deadline":
-        r["outcome"] = "killed"
+        rank.outcome = "killed"
     else:
         status = c.poll()
-        catalog_id, meaning = failure_catalog({"signal": -status if status and status < 0 else None}, opts)
-        r.update(outcome="failed", error={"message": f"the child died before finishing (exit status {status}"
-                                                    f"{': killed by signal ' + str(-status) if status and status < 0 else ''}"
-                                                    "; OOM killer? see dmesg)", "catalog": catalog_id, "meaning": meaning})
+        signal = -status if status and status < 0 else None
+        catalog_id, meaning = failure_catalog({"signal": signal}, opts)
+        rank.error = PinError(message=f"the child died before finishing (exit status {status}"
+                                      f"{': killed by signal ' + str(signal) if signal else ''}; OOM killer? see dmesg)",
+                              catalog=catalog_id, meaning=meaning)
     if c.unkillable:
-        r["outcome"] = "unkillable"
+        rank.outcome = "unkillable"
     if "unpin_done" in c.last:
-        r["unpin_s"] = c.last["unpin_done"]["seconds"]
-    return r
+        rank.unpin_s = c.last["unpin_done"]["seconds"]
+    return rank
+
+
+def build_result(record: dict[str, Any]) -> ReproRegisterResult:
+    """The run's typed result, from what the reproduction recorded as it went (repro.register's
+    record); its exit code follows from the outcome. A field of the wrong type is a bug here:
+    ResultDamaged names it."""
+    result = ReproRegisterResult.from_dict(record)
+    result.upgraded_from = None
+    result.exit_code = exit_code_for(result.outcome)
+    return result
 
 
 def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
     """Fill the result from the ranks' events and the pin's tracker."""
     ranks = [_rank_result(opts, c, stop_reason) for c in sup.children]
     result["ranks"] = ranks
-    outcome = max(ranks, key=lambda r: _SEVERITY.get(r["outcome"], 2))["outcome"]
+    outcome = max(ranks, key=lambda r: _SEVERITY.get(r.outcome, 2)).outcome
     tr = sup.tracker
     summary = tr.summary() if tr is not None else {}
     result["pinned_pages"] = summary.get("pinned_pages")
@@ -87,7 +101,7 @@ def summarize(opts, sup, result: dict, stop_reason: str | None) -> None:
                                   "shmem": "RssShmem", "node-shmem": "the node's Shmem (system-wide)",
                                   "resident": "VmRSS"}.get(summary.get("progress_basis"),
                                                                                   summary.get("progress_basis"))
-    done_secs = [r["seconds"] for r in ranks if r.get("outcome") == "completed" and r.get("seconds")]
+    done_secs = [r.seconds for r in ranks if r.outcome == "completed" and r.seconds]
     if outcome == "completed" and done_secs:
         seconds = max(done_secs)
         result["seconds"] = seconds
@@ -157,12 +171,12 @@ def verdict(opts, r: dict) -> str:
             cause = (f"{cause}; " if cause else "") + copy["words"]
         return head + (f": {cause}." if cause else ".")
     if outcome == "failed":
-        rk = next(x for x in r["ranks"] if x["outcome"] == "failed")
-        e = rk["error"]
-        what = f"{e.get('call') or 'the pin'} of {format_bytes(opts.chunk or opts.size)} failed"
-        when = f" after {format_duration(rk['seconds'])}" if rk.get("seconds") is not None else ""
-        name = f": {e['name']}" if e.get("name") else f": {e.get('message')}"
-        cat = f" (catalog {e['catalog']}: {e['meaning']})" if e.get("catalog") and e.get("meaning") else ""
+        rk = next(x for x in r["ranks"] if x.outcome == "failed")
+        e = rk.error or PinError()
+        what = f"{e.call or 'the pin'} of {format_bytes(opts.chunk or opts.size)} failed"
+        when = f" after {format_duration(rk.seconds)}" if rk.seconds is not None else ""
+        name = f": {e.name}" if e.name else f": {e.message}"
+        cat = f" (catalog {e.catalog}: {e.meaning})" if e.catalog and e.meaning else ""
         return what + when + name + cat + "."
     bound = (f"bound {r['bound']}" + (f" ({r.get('bound_reason')})" if r.get("bound_reason") else "")
              if r.get("bound") else "bound unknown")

@@ -6,21 +6,22 @@ from typing import Any
 from tabulate import tabulate
 
 from diag.report import staging_body
+from diag.reproresult import ReproRegisterResult
 from diag.units import format_bytes, format_duration
 from diag.watch.render import ProgressLine
 
 __all__ = ["ProgressLine", "render_result", "render_matrix", "render_staging"]
 
 
-def _verdict_after(r: dict) -> str:
+def _verdict_after(verdict: str | None, outcome: str | None) -> str:
     """The verdict after its outcome's label, without saying the outcome twice ("REFUSED: refused: ...")."""
-    verdict, said = str(r.get("verdict")), f"{r.get('outcome')}: "
+    verdict, said = str(verdict), f"{outcome}: "
     return verdict[len(said):] if verdict.lower().startswith(said.lower()) else verdict
 
 
-def render_result(r: dict[str, Any]) -> str:
-    lines = [f"hostpin repro register: {str(r['outcome']).upper()}: {_verdict_after(r)}"]
-    o = r.get("options", {})
+def render_result(r: ReproRegisterResult) -> str:
+    lines = [f"hostpin repro register: {r.outcome.upper()}: {_verdict_after(r.verdict, r.outcome)}"]
+    o = r.options
     if o:
         lines.append(f"  plan: {o.get('ranks', 1)} x {format_bytes(o.get('size'))} by {o.get('method')}"
                      f" (source {o.get('source')}/{o.get('map')}, THP {dict([(True, 'on'), (False, 'off')]).get(o.get('thp'), 'policy default')}, prefault {o.get('prefault')}"
@@ -35,45 +36,42 @@ def render_result(r: dict[str, Any]) -> str:
                             ("bound", "bound", str), ("first_bound_at_s", "bound named after", lambda v: f"{v:.1f} s"),
                             ("eta_error", "ETA at 20% vs actual", lambda v: f"{v * 100:+.0f}%"),
                             ("swapin_pages_per_s", "swap-in during the pin", lambda v: f"{v:,.0f} pages/s")):
-        if r.get(key) is not None:
-            facts.append([label, fmt(r[key])])
-    if r.get("file_cache"):
-        fc = r["file_cache"]
+        if getattr(r, key) is not None:
+            facts.append([label, fmt(getattr(r, key))])
+    if r.file_cache:
+        fc = r.file_cache
         facts.append(["file in the page cache", f"{100 * (fc.get('cached_before') or 0):.0f}% before the run, "
                                                 f"{100 * (fc.get('cached_after') or 0):.0f}% after dropping it"])
-    if r.get("pinned_pages") is not None:
-        facts.append(["pinned (counter " + str(r.get("progress_counter")) + ")",
-                      f"{r['pinned_pages']:,} of {r['expected_pages']:,} pages"])
-    if r.get("watchdog"):
-        facts.append(["watchdog cost", f"{r['watchdog']['watchdog_cpu_pct_of_core']:.1f}% of one core"])
+    if r.pinned_pages is not None:
+        facts.append([f"pinned (counter {r.progress_counter})", f"{r.pinned_pages:,} of {r.expected_pages:,} pages"])
+    if r.watchdog:
+        facts.append(["watchdog cost", f"{r.watchdog['watchdog_cpu_pct_of_core']:.1f}% of one core"])
     if facts:
         lines.append("")
         lines.append(tabulate(facts, tablefmt="plain"))
-    if len(r.get("ranks", [])) > 1 or any(rk.get("chunks") and len(rk["chunks"]) > 1 for rk in r.get("ranks", [])):
+    if len(r.ranks) > 1 or any(rk.chunks and len(rk.chunks) > 1 for rk in r.ranks):
         rows = []
-        for rk in r["ranks"]:
-            pf = rk.get("prefault") or {}
-            rows.append([rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
-                         f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "", 
-                         f"{pf.get('rate_gib_s'):.2f}" if pf.get("rate_gib_s") else "",
-                         len(rk.get("chunks") or []), format_duration(rk.get("unpin_s"))])
+        for rk in r.ranks:
+            pf_rate = rk.prefault.rate_gib_s if rk.prefault else None
+            rows.append([rk.rank, rk.outcome, format_duration(rk.seconds), f"{rk.rate_gib_s:.2f}" if rk.rate_gib_s else "",
+                         f"{pf_rate:.2f}" if pf_rate else "", len(rk.chunks or []), format_duration(rk.unpin_s)])
         lines.append("")
         lines.append(tabulate(rows, headers=["rank", "outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
-    for rk in r.get("ranks", []):
-        chunks = rk.get("chunks") or []
+    for rk in r.ranks:
+        chunks = rk.chunks or []
         if len(chunks) > 1:
             times = ", ".join(f"{c['seconds']:.2f}" for c in chunks[:32]) + (" ..." if len(chunks) > 32 else "")
-            lines.append(f"rank {rk['rank']} chunks of {format_bytes(chunks[0]['bytes'])}, seconds each: {times}")
-    for note in r.get("notes", []):
+            lines.append(f"rank {rk.rank} chunks of {format_bytes(chunks[0]['bytes'])}, seconds each: {times}")
+    for note in r.notes:
         lines.append(f"note: {note}")
-    for step in r.get("cleanup", []):
-        if not step["ok"]:
-            lines.append(f"CLEANUP PROBLEM: {step['undo']}: {'; '.join(step['problems'])}")
+    for step in r.cleanup:
+        if not step.ok:
+            lines.append(f"CLEANUP PROBLEM: {step.undo}: {'; '.join(step.problems)}")
     lines.append("")
-    if r.get("watchdog"):
-        lines.append(f"evidence: {r['run_dir']} (timeline.jsonl, events.jsonl, child logs, manifest.json)")
+    if r.watchdog:
+        lines.append(f"evidence: {r.run_dir} (timeline.jsonl, events.jsonl, child logs, manifest.json)")
     else:
-        lines.append(f"evidence: {r['run_dir']} (result.json, manifest.json)")
+        lines.append(f"evidence: {r.run_dir} (result.json, manifest.json)")
     return "\n".join(lines)
 
 
@@ -89,7 +87,7 @@ def render_matrix(rows: list[dict[str, Any]], size: int, run_dir: str) -> str:
 
 def render_staging(r: dict[str, Any]) -> str:
     o = r.get("options", {})
-    lines = [f"hostpin repro staging: {str(r['outcome']).upper()}: {_verdict_after(r)}"]
+    lines = [f"hostpin repro staging: {str(r['outcome']).upper()}: {_verdict_after(r.get('verdict'), r.get('outcome'))}"]
     if o:
         lines.append(f"  {o['repeat']} repeats x {o['bursts']} bursts per side of {format_bytes(o['bytes'])} over "
                      f"{o['threads']} threads, {o['direction']}, order {' '.join(r.get('sequence', []))}")

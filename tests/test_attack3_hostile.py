@@ -299,12 +299,18 @@ def test_a_repro_runs_notes_and_cells_cannot_write_report_md(tmp_path):
     def change(doc):
         doc["notes"].append("through PyTorch 2.11.0" + FORGED)
         doc["bound_reason"] = FORGED
-        doc["ranks"].append(dict(doc["ranks"][0], rank=1, outcome="error", error={"name": FORGED, "catalog": FORGED}))
+        doc["ranks"].append(dict(doc["ranks"][0], rank=1, outcome=FORGED, error={"name": FORGED, "message": FORGED,
+                                                                                "catalog": 9, "meaning": FORGED}))
     _forge(run, change)
     out = tmp_path / "report.md"
     r = hostpin("report", str(run), "-o", str(out), timeout=60)
     assert r.returncode == 0, r.stderr
     _assert_inert(out.read_text())
+    # a catalog entry is a number in the typed result: text there is damage, refused in one line
+    _forge(run, lambda doc: doc["ranks"][1]["error"].update(catalog=FORGED))
+    r = hostpin("report", str(run), "-o", str(tmp_path / "report2.md"), timeout=60)
+    assert r.returncode == 3 and "ranks[1].error.catalog is a str" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "report2.md").exists()
 
 
 def test_a_watch_runs_notes_and_phases_cannot_write_report_md(tmp_path):

@@ -149,8 +149,9 @@ def test_replay_the_recorded_fileshared_failure():
     # repro's own path (this machine's kernel is >= 6.5) and its verdict carry the catalog entry
     catalog_id, meaning = failure_catalog(event, opts)
     assert catalog_id == 9
-    rank = dict(r["ranks"][0])
-    rank["error"] = dict(rank["error"], catalog=catalog_id, meaning=meaning)
+    from diag.results import load_result
+    rank = load_result(r).ranks[0]  # as repro builds it: a RankResult, its error a PinError
+    rank.error.catalog, rank.error.meaning = catalog_id, meaning
     text = verdict(opts, dict(r, ranks=[rank]))
     assert "(catalog 9: a writable long-term pin of a MAP_SHARED file mapping" in text
     assert "cudaErrorInvalidValue (1)" in text
@@ -195,8 +196,8 @@ def test_a_dead_child_is_attributed_to_the_oom_killer(tmp_path):
     finally:
         os.close(r_fd)
         os.close(w_fd)
-    assert rank["outcome"] == "failed" and rank["error"]["catalog"] == 8
-    assert "signal 9" in rank["error"]["message"] and "OOM" in rank["error"]["meaning"]
+    assert rank.outcome == "failed" and rank.error.catalog == 8 and rank.exit_status == -signal.SIGKILL
+    assert "signal 9" in rank.error.message and "OOM" in rank.error.meaning
 
 
 def test_preflight_and_diagnosis_read_the_same_rule(tree):

@@ -89,6 +89,45 @@ def test_clean_mlock_pin(tmp_path):
     assert_nothing_left(run)
 
 
+@pytest.mark.parametrize("case", ["completed", "refused", "unevaluated"])
+def test_a_live_run_round_trips_through_the_typed_result(tmp_path, case):
+    """What a real run prints and keeps (result.json) is diag.reproresult.ReproRegisterResult's
+    schema 2, every field present, and reads back into it unchanged: the ranks as RankResult, the
+    cleanup as Undo; report renders it. Also the runs that pin nothing (refused: too big for the
+    node; unevaluated: a CUDA method with no driver)."""
+    from diag.report import render_report
+    from diag.reproresult import RankResult, ReproRegisterResult, Undo
+    from diag.results import load_result, result_dict
+    from diag.runs import open_run_path
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if case == "unevaluated" and Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    args = {"completed": ["--size", "32MiB", "--method", "mlock", "--ranks", "2", "--no-calibrate"],
+            "refused": ["--size", str(total), "--method", "mlock"],
+            "unevaluated": ["--size", "32MiB", "--method", "register"]}[case]
+    r, res = repro(tmp_path, *args)
+    assert res["outcome"] == case and r.returncode == res["exit_code"], r.stderr
+    assert res["schema"] == "hostpin.repro-register" and res["schema_version"] == 2 and res["upgraded_from"] is None
+    fields = {f.name for f in __import__("dataclasses").fields(ReproRegisterResult)} - {"extra"}
+    assert fields <= set(res), fields - set(res)
+    typed = load_result(res)
+    assert isinstance(typed, ReproRegisterResult) and typed.upgraded_from is None and typed.extra == {}
+    assert result_dict(typed) == res
+    assert json.loads((Path(res["run_dir"]) / "result.json").read_text()) == res
+    if case == "completed":
+        assert [rk.rank for rk in typed.ranks] == [0, 1] and all(isinstance(rk, RankResult) for rk in typed.ranks)
+        assert all(rk.outcome == "completed" and rk.seconds > 0 and rk.prefault.seconds > 0 for rk in typed.ranks)
+        assert typed.cleanup and all(isinstance(u, Undo) and u.ok for u in typed.cleanup)
+        assert typed.expected_pages == 2 * (32 << 20) // typed.page_size
+    else:
+        assert typed.ranks == [] and (typed.refusal if case == "refused" else True)
+    run = open_run_path(res["run_dir"])
+    try:
+        assert f"hostpin repro register: {case.upper()}" in render_report(run, fmt="text")
+    finally:
+        run.close()
+
+
 def test_ranks_pin_at_once(tmp_path):
     r, res = repro(tmp_path, "--size", "64MiB", "--method", "mlock", "--ranks", "2")
     assert r.returncode == 0

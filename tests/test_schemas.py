@@ -95,7 +95,7 @@ def test_a_documented_field_is_required():
 
 def _recorded():
     out = []
-    for path in sorted(FIXTURES.rglob("result.json")):
+    for path in sorted(FIXTURES.rglob("*result.json")):  # repro-result.json: a result kept without its run
         data = json.loads(path.read_text())
         name = BY_COMMAND.get(data.get("command"))
         if name == "hostpin.repro.staging" and data.get("schema") != name:
@@ -113,6 +113,65 @@ def test_every_recorded_result_validates(path, name):
     loaded = load_result(data)
     if not isinstance(loaded, dict):
         check_valid(name, result_dict(loaded))  # as every reader sees it (older runs upgraded on reading)
+
+
+def test_the_register_schema_gives_every_typed_field_its_type():
+    """hostpin.repro-register names each field of diag.reproresult.ReproRegisterResult (and of its
+    ranks, errors, cleanup steps) with the JSON type of its annotation, and schema 2 requires them all."""
+    import dataclasses
+    import types
+    import typing
+    from diag import reproresult as rr
+    sch = schema("hostpin.repro-register")
+    scalar = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+    def json_types(hint):
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            return {t for a in args for t in json_types(a)}
+        if hint is type(None):
+            return {"null"}
+        if dataclasses.is_dataclass(hint):
+            return {"object"}
+        return {scalar[typing.get_origin(hint) or hint]}
+
+    def schema_types(prop):
+        if "$ref" in prop:
+            return {"object"}
+        if "anyOf" in prop:
+            return {t for p in prop["anyOf"] for t in schema_types(p)}
+        if "const" in prop:
+            return {"string"}
+        t = prop["type"]
+        return set(t) if isinstance(t, list) else {t}
+
+    for cls, name in ((rr.ReproRegisterResult, "result"), (rr.RankResult, "rank"), (rr.PinError, "pin_error"),
+                      (rr.PrefaultFigures, "prefault"), (rr.Undo, "undo"), (rr.Stopped, "stopped"),
+                      (rr.Throttle, "throttle")):
+        props = sch["$defs"][name]["properties"]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            assert f.name in props, (name, f.name)
+            assert schema_types(props[f.name]) == json_types(hints[f.name]), (name, f.name)
+    every = sch["$defs"]["result"]["allOf"][0]["then"]["required"]
+    assert set(every) == set(sch["$defs"]["result"]["properties"]) - {"upgraded_from"}
+
+
+def test_a_register_result_of_schema_2_lacking_or_mistyping_a_field_does_not_validate():
+    data = result_dict(load_result(json.loads((FIXTURES / "ci-repro-swap-mlock" / "result.json").read_text())))
+    check_valid("hostpin.repro-register", data)
+    for change, expected in ((lambda d: d.pop("stopped"), "(top): 'stopped' is a required property"),
+                             (lambda d: d["ranks"][0].update(seconds="3 s"), "ranks/0/seconds: '3 s' is not of type"),
+                             (lambda d: d["cleanup"][0].pop("ok"), "cleanup/0: 'ok' is a required property")):
+        bad = json.loads(json.dumps(data))
+        change(bad)
+        found = branch_problems("hostpin.repro-register", "result", bad)
+        assert len(found) == 1 and found[0].startswith(expected), found
+    old = json.loads((FIXTURES / "ci-repro-swap-mlock" / "result.json").read_text())
+    del old["eta_error"]  # recorded without a schema: only the fields every version has are required
+    assert branch_problems("hostpin.repro-register", "result", old) == []
 
 
 def test_the_recorded_results_cover_every_command():
