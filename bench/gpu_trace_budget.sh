@@ -4,7 +4,7 @@
 #   B  a file-backed cudaHostRegister: a 1 GiB file, page cache dropped, reads at 64 MB/s
 #   C  a prefaulted 47 GiB cudaHostRegister with --trace (the budget: the driver's time)
 #   D  the cost of tracing on C: 5 runs without and 5 with --trace, alternated (pin seconds)
-# Each case prints its time budget; the last lines are one "CASE X: ..." summary each.
+# CASES="A C" runs only those. Each case prints its time budget; the last lines are one "CASE X: ..." summary each.
 # Writes $OUT/trace-budget.txt (everything), $OUT/runs-trace.tgz (the runs, raw traces left out
 # above 4 MiB), $OUT/install.log. Everything made (swap file, cgroups, throttles, the data file,
 # tracefs instances) is removed by hostpin or by the trap below on every path.
@@ -15,6 +15,7 @@ DATA=/var/tmp/hostpin-trace-budget.bin
 cleanup() { rm -f "$DATA"; $HP repro cleanup >/dev/null 2>&1; }
 trap cleanup EXIT INT TERM
 SUMMARY=$R/summary.txt; : > $SUMMARY
+want() { case " ${CASES:-A B C D} " in *" $1 "*) return 0;; esac; return 1; }  # CASES="A C": only those
 
 budget() {  # $1 case, $2 result json, $3 rc
   python3 - "$1" "$2" "$3" "$SUMMARY" <<'EOF'
@@ -48,11 +49,15 @@ EOF
   date; uname -r; python3 --version; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
   ls /sys/kernel/tracing/events/nvidia 2>&1 | head -5
 
+  if want A; then
   echo; echo "== A: swapped register, 2 GiB, 1 GiB in swap, 48 MB/s"
   timeout 150 $HP repro register --trace --json --out $R/runs --method register --size 2GiB --swap-out 1GiB \
       --swap-in-rate 48MB/s --make-swap 4GiB --no-calibrate > $R/A.json 2> $R/A.err
   budget A $R/A.json $?; tail -3 $R/A.err
 
+  fi
+
+  if want B; then
   echo; echo "== B: file-backed register, 1 GiB file, 64 MB/s"
   python3 -c "
 import os
@@ -63,11 +68,17 @@ with open('$DATA', 'wb') as fh:
       --no-prefault --read-rate 64MB/s --no-calibrate > $R/B.json 2> $R/B.err
   budget B $R/B.json $?; tail -3 $R/B.err; rm -f $DATA
 
+  fi
+
+  if want C; then
   echo; echo "== C: prefaulted 47 GiB register, --trace"
   timeout 120 $HP repro register --trace --json --out $R/runs --method register --size 47GiB --thp \
       --no-calibrate > $R/C.json 2> $R/C.err
   budget C $R/C.json $?; tail -3 $R/C.err
 
+  fi
+
+  if want D; then
   echo; echo "== D: 47 GiB prefaulted register, 5 runs without and 5 with --trace (alternated)"
   for i in 1 2 3 4 5; do
     order="plain trace"; [ $((i % 2)) = 0 ] && order="trace plain"
@@ -102,6 +113,8 @@ line = (f"CASE D: 47 GiB register pin seconds without --trace {p} (median {stati
 print(line)
 open(summary, "a").write(line + "\n")
 EOF
+  fi
+
   echo; echo "== leftovers after everything (want none)"
   ls /sys/kernel/tracing/instances 2>&1; $HP repro cleanup --dry-run 2>&1 | tail -3
 } 2>&1 | tee $OUT/trace-budget.txt
