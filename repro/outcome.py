@@ -44,7 +44,7 @@ def failure_catalog(ev: dict, opts) -> tuple[int | None, str | None]:
 
 
 def _rank_result(opts, c: Child, stop_reason: str | None) -> dict:
-    r: dict[str, Any] = {"rank": c.rank, "pid": c.pid, "exit_status": c.poll()}
+    r: dict[str, Any] = {"rank": c.rank, "pid": c.pid, "device": c.device, "exit_status": c.poll()}
     if "prefault_done" in c.last:
         pf = c.last["prefault_done"]
         r["prefault"] = {k: pf.get(k) for k in ("seconds", "rate_gib_s", "threads", "method", "skipped")}
@@ -159,6 +159,9 @@ def verdict(opts, r: dict) -> str:
     if outcome == "failed":
         rk = next(x for x in r["ranks"] if x["outcome"] == "failed")
         e = rk["error"]
+        if e.get("call") == "cudaSetDevice":  # the rank's GPU, before anything was allocated
+            said = e.get("message") or "cudaSetDevice failed"
+            return said + (f" ({e['name']})" if e.get("name") and e["name"] not in said else "") + "."
         what = f"{e.get('call') or 'the pin'} of {format_bytes(opts.chunk or opts.size)} failed"
         when = f" after {format_duration(rk['seconds'])}" if rk.get("seconds") is not None else ""
         name = f": {e['name']}" if e.get("name") else f": {e.get('message')}"

@@ -25,6 +25,7 @@ from diag.process import read_status
 from diag.rootfs import Root
 from diag.units import GiB, PAGE_SIZE, format_bytes
 from diag.pagesize import live_page_size
+from diag.placement import devices_problem
 
 from diag.leftovers import cgroup_name
 from diag.watch.traced import reproduction_budgets, start_trace
@@ -74,7 +75,8 @@ class ReproOptions:
     stall_after: float = 120.0
     interval: float = 0.5
     force: bool = False
-    device: int = 0
+    device: int | None = None         # --device N: every rank's CUDA device
+    devices: list[int] | None = None  # --devices 0,1: each rank's (one value: every rank's); neither: rank i -> GPU i
     calibrate: bool = True
     register_twice: bool = False
     prefault_threads: int = field(default_factory=lambda: max(1, min(16, os.cpu_count() or 1)))
@@ -89,6 +91,13 @@ class ReproOptions:
     @property
     def uses_gpu(self) -> bool:
         return self.method in ("register", "hostalloc")
+
+    @property
+    def device_list(self) -> list[int] | None:
+        """The devices given, one per rank or one for all; None: rank i uses GPU i (diag.placement)."""
+        if self.devices:
+            return list(self.devices)
+        return None if self.device is None else [self.device]
 
     @property
     def file_path(self) -> str | None:
@@ -128,12 +137,19 @@ class ReproOptions:
         return {"size": self.size, "method": self.method, "register_flags": self.register_flags,
                 "allocator": self.allocator, "torch_call": self.torch_call, "python": self.python,
                 "source": self.source, "map": self.map, "thp": self.thp, "chunk": self.chunk,
-                "device": self.device, "calibrate": self.calibrate, "register_twice": self.register_twice,
+                "devices": self.device_list, "calibrate": self.calibrate, "register_twice": self.register_twice,
                 "prefault_threads": self.prefault_threads,
                 "prefault_piece": 256 << 20}
 
 
 def validate(opts: ReproOptions) -> None:
+    if opts.devices is not None:
+        if opts.device is not None:
+            raise ReproUsageError("--device and --devices are the same choice twice: give --devices (one device per "
+                                  "rank, or one for all)")
+        why = devices_problem(opts.devices, opts.ranks)
+        if why:
+            raise ReproUsageError(why)
     if opts.allocator == "torch":
         if opts.torch_call not in ("empty", "pin_memory", "register"):
             raise ReproUsageError("--allocator torch takes --method hostalloc (torch.empty(..., pin_memory=True)), "
@@ -322,6 +338,8 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
     }
     if opts.allocator == "torch":
         _plan_torch(opts, result)
+    if opts.method == "mlock" and opts.device_list is not None:
+        result["notes"].append("--method mlock opens no GPU: the devices given are not used")
     if opts.uses_gpu and not read_nvidia(Root("/")).loaded:
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: --method "
                       f"{opts.method} needs one; --method mlock reproduces the kernel side without a GPU")
