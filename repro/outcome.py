@@ -157,11 +157,14 @@ def verdict(opts, r: dict) -> str:
             cause = (f"{cause}; " if cause else "") + copy["words"]
         return head + (f": {cause}." if cause else ".")
     if outcome == "failed":
-        rk = next(x for x in r["ranks"] if x["outcome"] == "failed")
+        failed = [x for x in r["ranks"] if x["outcome"] == "failed"]
+        # the rank whose call failed, not one that was stopped because of it ("died before finishing")
+        rk = next((x for x in failed if x["error"].get("call")), failed[0])
         e = rk["error"]
         if e.get("call") == "cudaSetDevice":  # the rank's GPU, before anything was allocated
             said = e.get("message") or "cudaSetDevice failed"
-            return said + (f" ({e['name']})" if e.get("name") and e["name"] not in said else "") + "."
+            said = said if said.startswith("rank ") else f"rank {rk['rank']}: {said}"
+            return said + (f" (cudaSetDevice: {e['name']})" if e.get("name") and e["name"] not in said else "") + "."
         what = f"{e.get('call') or 'the pin'} of {format_bytes(opts.chunk or opts.size)} failed"
         when = f" after {format_duration(rk['seconds'])}" if rk.get("seconds") is not None else ""
         name = f": {e['name']}" if e.get("name") else f": {e.get('message')}"

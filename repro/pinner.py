@@ -250,7 +250,7 @@ class Pinner:
 class NoSuchDevice(RuntimeError):
     """The rank's device is not one this process sees: cudaSetDevice's cudaErrorInvalidDevice, named
     before it is called."""
-    call, code, name = "cudaSetDevice", 101, "cudaErrorInvalidDevice"
+    call, code, name = "cudaSetDevice", 101, "cudaErrorInvalidDevice (101)"  # diag.cuda.error_name's form
 
     def __init__(self, rank: int, device: int, count: int):
         seen = f"{count} CUDA device{'s' if count != 1 else ''}" + (

@@ -91,7 +91,38 @@ def test_a_device_the_child_does_not_see_is_its_clear_error():
     with pytest.raises(NoSuchDevice) as caught:
         _child_device(1, 1, devices=[0, 1])
     described = _describe(caught.value)
-    assert (described["call"], described["code"], described["name"]) == ("cudaSetDevice", 101, "cudaErrorInvalidDevice")
+    assert (described["call"], described["code"], described["name"]) == ("cudaSetDevice", 101, "cudaErrorInvalidDevice (101)")
     assert described["error"] == ("rank 1 was given CUDA device 1, and this node shows 1 CUDA device (0); "
                                   "give --devices one of those per rank")
     assert _child_device(1, 1, devices=[0]) == 0 and _child_device(1, 2, devices=[1, 0]) == 0
+
+
+def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path):
+    """The setup_failed event a child of rank 1 emits for `--devices 0,1` on a one-GPU node (CI has no
+    GPU: the event is the child's own _describe of NoSuchDevice), read by repro.outcome."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from repro.children import Child
+    from repro.outcome import summarize
+    from repro.register import ReproOptions
+
+    try:
+        _child_device(1, 1, devices=[0, 1])
+    except NoSuchDevice as exc:
+        event = dict(_describe(exc), event="setup_failed", device=1)
+    children = []
+    for rank in (0, 1):
+        proc = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+        proc.wait()
+        child = Child(rank, proc, -1, f"child-{rank}.log")
+        child.last = {"cuda_ready": {"device": 0}} if rank == 0 else {"setup_failed": event}
+        children.append(child)
+    opts = ReproOptions(size=GiB, ranks=2, devices=[0, 1])
+    result = {"ranks": [], "notes": [], "expected_pages": 2 * GiB // 4096}
+    summarize(opts, SimpleNamespace(children=children, tracker=None, pin_t=None), result, stop_reason="setup_failed")
+    assert [(r["rank"], r["device"]) for r in result["ranks"]] == [(0, 0), (1, 1)]
+    assert result["outcome"] == "failed" and result["verdict"] == (
+        "rank 1 was given CUDA device 1, and this node shows 1 CUDA device (0); give --devices one of those per "
+        "rank (cudaSetDevice: cudaErrorInvalidDevice (101)).")
