@@ -11,27 +11,25 @@ from repro.driver import Driver
 
 
 class Record:
-    """The state the test steps share: what happened, in order."""
+    """The state the test steps share, as repro.register's RunState does: the driver's undo, and
+    what happened, in order."""
 
-    def __init__(self):
+    def __init__(self, driver: Driver):
+        self.undo = driver.undo
         self.seen: list[str] = []
 
 
 def sets_up(name: str):
     def step(r: Record) -> None:
         r.seen.append(f"step {name}")
-        driver.undo(name, lambda: r.seen.append(f"undo {name}"))
+        r.undo(name, lambda: r.seen.append(f"undo {name}"))
     step.__name__ = name
     return step
 
 
-driver: Driver
-
-
 def drive(*steps):
-    global driver
     driver = Driver(steps)
-    r = Record()
+    r = Record(driver)
     log = driver.run(r, finish=lambda stop: r.seen.append(f"finish {stop}"), close=lambda: r.seen.append("close"),
                      interrupted=lambda name: r.seen.append(f"interrupted {name}"))
     return r, log
@@ -57,9 +55,8 @@ def test_an_error_propagates_after_the_undos():
     def fails(r):
         raise RuntimeError("cannot create a cgroup")
 
-    global driver
     driver = Driver((sets_up("swap"), fails, sets_up("never")))
-    r = Record()
+    r = Record(driver)
     with pytest.raises(RuntimeError, match="cannot create a cgroup"):
         driver.run(r, finish=lambda stop: r.seen.append("finish"), close=lambda: r.seen.append("close"),
                    interrupted=lambda name: r.seen.append(name))
@@ -69,7 +66,7 @@ def test_an_error_propagates_after_the_undos():
 
 def test_an_undo_that_fails_is_logged_and_the_rest_still_run():
     def breaks(r):
-        driver.undo("cgroup", lambda: 1 / 0)
+        r.undo("cgroup", lambda: 1 / 0)
 
     r, log = drive(sets_up("swap"), breaks, sets_up("children"))
     assert [x["undo"] for x in log] == ["children", "cgroup", "swap"]
@@ -91,7 +88,7 @@ def test_a_signal_in_a_step_is_an_interruption_and_a_second_one_cannot_cut_the_u
         return []
 
     def sets_up_then_signalled_in_undo(r):
-        driver.undo("children", undo_signalled_again)
+        r.undo("children", undo_signalled_again)
 
     r, log = drive(sets_up("swap"), sets_up_then_signalled_in_undo, signalled, sets_up("never"))
     assert r.seen == ["step swap", "step pin", "close", f"interrupted {signal.Signals(sig).name}", "undo swap"]
