@@ -51,14 +51,17 @@ def render_result(r: dict[str, Any]) -> str:
         lines.append(tabulate(facts, tablefmt="plain"))
     if len(r.get("ranks", [])) > 1 or any(rk.get("chunks") and len(rk["chunks"]) > 1 for rk in r.get("ranks", [])):
         rows = []
+        gpus = any(rk.get("device") is not None for rk in r["ranks"])  # --method mlock opens none
         for rk in r["ranks"]:
             pf = rk.get("prefault") or {}
-            rows.append([rk["rank"], rk["outcome"], format_duration(rk.get("seconds")),
-                         f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "", 
+            rows.append([rk["rank"]] + ([rk.get("device")] if gpus else []) + [
+                         rk["outcome"], format_duration(rk.get("seconds")),
+                         f"{rk['rate_gib_s']:.2f}" if rk.get("rate_gib_s") else "",
                          f"{pf.get('rate_gib_s'):.2f}" if pf.get("rate_gib_s") else "",
                          len(rk.get("chunks") or []), format_duration(rk.get("unpin_s"))])
         lines.append("")
-        lines.append(tabulate(rows, headers=["rank", "outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
+        lines.append(tabulate(rows, headers=["rank"] + (["GPU"] if gpus else []) +
+                              ["outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
     for rk in r.get("ranks", []):
         chunks = rk.get("chunks") or []
         if len(chunks) > 1:

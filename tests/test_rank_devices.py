@@ -126,3 +126,7 @@ def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path):
     assert result["outcome"] == "failed" and result["verdict"] == (
         "rank 1 was given CUDA device 1, and this node shows 1 CUDA device (0); give --devices one of those per "
         "rank (cudaSetDevice: cudaErrorInvalidDevice (101)).")
+    from repro.render import render_result
+    table = render_result(dict(result, run_dir=str(tmp_path))).splitlines()
+    header = next(line for line in table if line.lstrip().startswith("rank"))
+    assert header.split()[:3] == ["rank", "GPU", "outcome"]
