@@ -255,6 +255,8 @@ class NoSuchDevice(RuntimeError):
     def __init__(self, rank: int, device: int, count: int):
         seen = f"{count} CUDA device{'s' if count != 1 else ''}" + (
             f" ({', '.join(map(str, range(count)))})" if count else "")
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # the devices CUDA numbers are these only
+            seen += f" under CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES'][:80]!r}"
         super().__init__(f"rank {rank} was given CUDA device {device}, and this node shows {seen}; give --devices "
                          "one of those per rank")
 

@@ -87,7 +87,8 @@ def test_the_children_put_the_ranks_where_preflight_placed_them(tree, gpus, rank
     assert {rank: _child_device(rank, gpus) for rank in range(ranks)} == placed
 
 
-def test_a_device_the_child_does_not_see_is_its_clear_error():
+def test_a_device_the_child_does_not_see_is_its_clear_error(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(NoSuchDevice) as caught:
         _child_device(1, 1, devices=[0, 1])
     described = _describe(caught.value)
@@ -95,9 +96,12 @@ def test_a_device_the_child_does_not_see_is_its_clear_error():
     assert described["error"] == ("rank 1 was given CUDA device 1, and this node shows 1 CUDA device (0); "
                                   "give --devices one of those per rank")
     assert _child_device(1, 1, devices=[0]) == 0 and _child_device(1, 2, devices=[1, 0]) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # CUDA numbers the devices it shows from 0
+    with pytest.raises(NoSuchDevice, match=r"1 CUDA device \(0\) under CUDA_VISIBLE_DEVICES='1'; give"):
+        _child_device(0, 1, devices=[1])
 
 
-def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path):
+def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path, monkeypatch):
     """The setup_failed event a child of rank 1 emits for `--devices 0,1` on a one-GPU node (CI has no
     GPU: the event is the child's own _describe of NoSuchDevice), read by repro.outcome."""
     import subprocess
@@ -108,6 +112,7 @@ def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path):
     from repro.outcome import summarize
     from repro.register import ReproOptions
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     try:
         _child_device(1, 1, devices=[0, 1])
     except NoSuchDevice as exc:
