@@ -53,6 +53,7 @@ class RankResult:
     rank: int
     outcome: str                       # completed, failed, stalled, killed, unkillable
     pid: int | None = None
+    device: int | None = None          # the CUDA device its child opened (None: none, as with mlock)
     exit_status: int | None = None     # the child's, as waitpid says; negative: the signal that ended it
     seconds: float | None = None
     rate_gib_s: float | None = None

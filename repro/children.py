@@ -91,6 +91,11 @@ class Child:
         return self.exit_status
 
     @property
+    def device(self) -> int | None:
+        """The CUDA device the child said it uses (None: --method mlock opens none, or it failed first)."""
+        return (self.last.get("cuda_ready") or self.last.get("setup_failed") or {}).get("device")
+
+    @property
     def alive(self) -> bool:
         return self.poll() is None
 

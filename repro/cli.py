@@ -90,7 +90,11 @@ def repro():
 @click.option("--ignore-leftovers", is_flag=True,
               help="Run even beside swap files, cgroups or throttles left by killed runs "
                    "(see `hostpin repro cleanup`).")
-@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--device", type=click.IntRange(min=0), default=None,
+              help="CUDA device of every rank (default: rank i uses GPU i, as preflight assumes; ranks past the "
+                   "last GPU wrap round, so on a one-GPU node all share GPU 0).")
+@click.option("--devices", "devices", default=None, metavar="0,1",
+              help="Each rank's CUDA device, one per --ranks (a single one: every rank's); not with --device.")
 @click.option("--trace", "trace", is_flag=True,
               help="Measure where the pin's time goes inside the kernel (tracefs; root): time_budget in the result.")
 @click.option("--no-calibrate", is_flag=True, help="Skip measuring this node's clean rate first (256 MiB).")
@@ -103,7 +107,7 @@ def repro():
 @json_errors("repro register")
 def register_cmd(size, method, allocator, python, register_flags, source, map_, thp, prefault, chunk, ranks, swap_out, swap_in_rate,
                  read_rate, make_swap, swap_dir, deadline, stall_after, interval, margin, force, ignore_leftovers,
-                 device, no_calibrate, register_twice, prefault_threads, matrix, as_json, out, trace=False):
+                 device, devices, no_calibrate, register_twice, prefault_threads, matrix, as_json, out, trace=False):
     """Pin SIZE for real in a child process while a watchdog (diag.watch) shows where the time goes.
 
     \b
@@ -137,6 +141,14 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
         why = swap_dir_problem(swap_dir)
         if why:
             raise click.BadParameter(why, param_hint="'--swap-dir'")
+    if devices is not None:
+        from diag.placement import parse_devices
+        try:
+            devices = parse_devices(devices)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--devices'")
+        if matrix and len(devices) > 1:
+            raise click.BadParameter("--matrix runs one rank per case: give it one device", param_hint="'--devices'")
     torch_call = None
     if allocator == "torch":
         if method == "mlock":
@@ -160,7 +172,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     opts = ReproOptions(size=size, method=method, register_flags=register_flags, source=source, map=map_, thp=thp,
                         prefault=prefault, chunk=chunk, ranks=ranks, swap_out=swap_out, swap_in_rate=swap_in_rate,
                         read_rate=read_rate, make_swap=make_swap, swap_dir=swap_dir, deadline=deadline, stall_after=stall_after,
-                        interval=interval, force=force, device=device, calibrate=not no_calibrate,
+                        interval=interval, force=force, device=device, devices=devices, calibrate=not no_calibrate,
                         register_twice=register_twice, margin=margin, ignore_leftovers=ignore_leftovers,
                         allocator=allocator, torch_call=torch_call, python=python,
                         trace=trace)

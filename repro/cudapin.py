@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from diag.cuda import error_name
 
-__all__ = ["CudaError", "Cuda", "REGISTER_FLAGS"]
+__all__ = ["CudaError", "Cuda", "REGISTER_FLAGS", "device_count"]
 
 REGISTER_FLAGS = {"default": 0, "portable": 1, "mapped": 2, "readonly": 8}  # cudaHostRegister*
 
@@ -18,6 +18,16 @@ class CudaError(RuntimeError):
         self.code = int(err)
         self.name = error_name(err)
         super().__init__(f"{call}: {self.name}")
+
+
+def device_count() -> int:
+    """The CUDA devices this process sees (CUDA_VISIBLE_DEVICES counts)."""
+    from cuda.bindings import runtime
+    err, count = runtime.cudaGetDeviceCount()
+    if err != runtime.cudaError_t.cudaSuccess:
+        runtime.cudaGetLastError()
+        raise CudaError("cudaGetDeviceCount", err)
+    return int(count)
 
 
 class Cuda:

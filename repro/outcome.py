@@ -46,7 +46,7 @@ def failure_catalog(ev: dict, opts) -> tuple[int | None, str | None]:
 
 
 def _rank_result(opts, c: Child, stop_reason: str | None) -> RankResult:
-    rank = RankResult(rank=c.rank, pid=c.pid, exit_status=c.poll(), outcome="failed")
+    rank = RankResult(rank=c.rank, pid=c.pid, device=c.device, exit_status=c.poll(), outcome="failed")
     if "prefault_done" in c.last:
         pf = c.last["prefault_done"]
         rank.prefault = PrefaultFigures(**{k: pf.get(k) for k in ("seconds", "rate_gib_s", "threads", "method",
@@ -171,8 +171,14 @@ def verdict(opts, r: dict) -> str:
             cause = (f"{cause}; " if cause else "") + copy["words"]
         return head + (f": {cause}." if cause else ".")
     if outcome == "failed":
-        rk = next(x for x in r["ranks"] if x.outcome == "failed")
+        failed = [x for x in r["ranks"] if x.outcome == "failed"]
+        # the rank whose call failed, not one that was stopped because of it ("died before finishing")
+        rk = next((x for x in failed if x.error and x.error.call), failed[0])
         e = rk.error or PinError()
+        if e.call == "cudaSetDevice":  # the rank's GPU, before anything was allocated
+            said = e.message or "cudaSetDevice failed"
+            said = said if said.startswith("rank ") else f"rank {rk.rank}: {said}"
+            return said + (f" (cudaSetDevice: {e.name})" if e.name and e.name not in said else "") + "."
         what = f"{e.call or 'the pin'} of {format_bytes(opts.chunk or opts.size)} failed"
         when = f" after {format_duration(rk.seconds)}" if rk.seconds is not None else ""
         name = f": {e.name}" if e.name else f": {e.message}"

@@ -20,6 +20,8 @@ import sys
 import time
 import traceback
 
+from diag.placement import rank_device
+
 from .region import (Region, make_uffd_region, map_region, mlock_range, munlock_range, prefault)
 
 _events = None
@@ -52,6 +54,7 @@ class Pinner:
         self.torch_call = spec.get("torch_call") if spec.get("allocator") == "torch" else None
         self.torch = None
         self.tensors: list = []   # PyTorch's pinned tensors, held until the undo
+        self.device: int | None = None  # the CUDA device this rank uses (None: --method mlock opens none)
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -60,13 +63,19 @@ class Pinner:
             t0 = time.monotonic()
             import torch  # the launcher's interpreter (--python); the parent checked that it imports
             torch.cuda.init()
+            count = torch.cuda.device_count()
+            self.device = self.choose_device(count)
+            torch.cuda.set_device(self.device)
             self.torch = torch
-            emit("cuda_ready", seconds=time.monotonic() - t0, torch_version=torch.__version__)
+            emit("cuda_ready", seconds=time.monotonic() - t0, torch_version=torch.__version__, device=self.device,
+                 device_count=count)
         elif self.method in ("register", "hostalloc"):
-            from .cudapin import Cuda
+            from .cudapin import Cuda, device_count
             t0 = time.monotonic()
-            self.cuda = Cuda(spec.get("device", 0))
-            emit("cuda_ready", seconds=time.monotonic() - t0)
+            count = device_count()
+            self.device = self.choose_device(count)
+            self.cuda = Cuda(self.device)
+            emit("cuda_ready", seconds=time.monotonic() - t0, device=self.device, device_count=count)
         calibration = self.calibrate() if spec.get("calibrate") else None
         if self.method != "hostalloc" or self.torch_call == "pin_memory":
             writable = spec.get("register_flags") != "readonly"
@@ -75,6 +84,15 @@ class Pinner:
             else:
                 self.region = map_region(self.size, spec["source"], spec["map"], writable=writable, thp=spec.get("thp"))
         emit("ready", calibration=calibration, addr=self.region.addr if self.region else None)
+
+    def choose_device(self, count: int) -> int:
+        """This rank's CUDA device (diag.placement: the --devices given, else rank i -> GPU i of the
+        `count` this process sees). One the process does not see is NoSuchDevice."""
+        device = rank_device(self.spec.get("rank", 0), count, self.spec.get("devices"))
+        self.device = device
+        if not 0 <= device < count:
+            raise NoSuchDevice(self.spec.get("rank", 0), device, count)
+        return device
 
     def calibrate(self) -> dict:
         """This node's clean rate: a small prefaulted region pinned and unpinned the same way."""
@@ -229,6 +247,20 @@ class Pinner:
         emit("unpin_done", seconds=time.monotonic() - t0, errors=errors)
 
 
+class NoSuchDevice(RuntimeError):
+    """The rank's device is not one this process sees: cudaSetDevice's cudaErrorInvalidDevice, named
+    before it is called."""
+    call, code, name = "cudaSetDevice", 101, "cudaErrorInvalidDevice (101)"  # diag.cuda.error_name's form
+
+    def __init__(self, rank: int, device: int, count: int):
+        seen = f"{count} CUDA device{'s' if count != 1 else ''}" + (
+            f" ({', '.join(map(str, range(count)))})" if count else "")
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:  # the devices CUDA numbers are these only
+            seen += f" under CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES'][:80]!r}"
+        super().__init__(f"rank {rank} was given CUDA device {device}, and this node shows {seen}; give --devices "
+                         "one of those per rank")
+
+
 class TorchCudaError(RuntimeError):
     """A CUDA runtime call through torch.cuda.cudart() that did not return cudaSuccess."""
 
@@ -258,7 +290,7 @@ def main() -> int:
     try:
         pinner.setup()
     except Exception as exc:
-        emit("setup_failed", **_describe(exc), traceback=traceback.format_exc())
+        emit("setup_failed", **_describe(exc), device=pinner.device, traceback=traceback.format_exc())
         return 1
     for line in sys.stdin:
         command = line.strip()

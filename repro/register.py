@@ -1,17 +1,17 @@
 """`hostpin repro register`: pin a region for real, under the supervisor, and say what happened.
 
-This module is the orchestration: it sets up what the run needs (a swap file, memory and io
-cgroups, a read throttle on the device behind the region, the file's page cache dropped),
-starts one pinning child per rank (repro.children), drives them through prefault -> pin ->
-undo while repro.supervisor samples them with diag.watch, and removes everything it set up
-on every exit path. What the run came to is repro.outcome's.
+This module is the orchestration, a list of steps (STEPS) that one driver runs in order
+(repro.driver): set up what the run needs (a swap file, memory and io cgroups, a read throttle
+on the device behind the region), start one pinning child per rank (repro.children) and its
+watchdog (repro.supervisor, sampling them with diag.watch), then setup, the file's page cache
+dropped, prefault, swap-out, pin, unpin. Each step registers the undo of what it set up, and
+the driver undoes it all in reverse on every exit path. What the run came to is repro.outcome's.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -25,13 +25,15 @@ from diag.process import read_status
 from diag.rootfs import Root
 from diag.units import GiB, PAGE_SIZE, format_bytes
 from diag.pagesize import live_page_size
+from diag.placement import devices_problem
 
 from diag.leftovers import cgroup_name
 from diag.watch.traced import reproduction_budgets, start_trace
 
 from .cgroups import CgroupError, RunCgroup, block_device_for, file_device
 from .children import Child, child_rss_bytes, kill_and_wait, spawn_child
-from .cleanup import Cleanup, Interrupted, leftovers_refusal
+from .cleanup import leftovers_refusal
+from .driver import Driver
 from .filecache import FileCacheError, evict
 from .outcome import OUTCOMES, SLOW_FACTOR, exit_code_for, failure_catalog, summarize
 from .region import FileSourceError, existing_file_flags
@@ -73,7 +75,8 @@ class ReproOptions:
     stall_after: float = 120.0
     interval: float = 0.5
     force: bool = False
-    device: int = 0
+    device: int | None = None         # --device N: every rank's CUDA device
+    devices: list[int] | None = None  # --devices 0,1: each rank's (one value: every rank's); neither: rank i -> GPU i
     calibrate: bool = True
     register_twice: bool = False
     prefault_threads: int = field(default_factory=lambda: max(1, min(16, os.cpu_count() or 1)))
@@ -88,6 +91,13 @@ class ReproOptions:
     @property
     def uses_gpu(self) -> bool:
         return self.method in ("register", "hostalloc")
+
+    @property
+    def device_list(self) -> list[int] | None:
+        """The devices given, one per rank or one for all; None: rank i uses GPU i (diag.placement)."""
+        if self.devices:
+            return list(self.devices)
+        return None if self.device is None else [self.device]
 
     @property
     def file_path(self) -> str | None:
@@ -127,12 +137,19 @@ class ReproOptions:
         return {"size": self.size, "method": self.method, "register_flags": self.register_flags,
                 "allocator": self.allocator, "torch_call": self.torch_call, "python": self.python,
                 "source": self.source, "map": self.map, "thp": self.thp, "chunk": self.chunk,
-                "device": self.device, "calibrate": self.calibrate, "register_twice": self.register_twice,
+                "devices": self.device_list, "calibrate": self.calibrate, "register_twice": self.register_twice,
                 "prefault_threads": self.prefault_threads,
                 "prefault_piece": 256 << 20}
 
 
 def validate(opts: ReproOptions) -> None:
+    if opts.devices is not None:
+        if opts.device is not None:
+            raise ReproUsageError("--device and --devices are the same choice twice: give --devices (one device per "
+                                  "rank, or one for all)")
+        why = devices_problem(opts.devices, opts.ranks)
+        if why:
+            raise ReproUsageError(why)
     if opts.allocator == "torch":
         if opts.torch_call not in ("empty", "pin_memory", "register"):
             raise ReproUsageError("--allocator torch takes --method hostalloc (torch.empty(..., pin_memory=True)), "
@@ -291,6 +308,24 @@ def safety(opts: ReproOptions) -> dict | None:
     return None
 
 
+@dataclass
+class RunState:
+    """What a run's steps share: its options and directory, the result they fill, their undo
+    (repro.driver), and what each has set up for the ones after it."""
+    opts: ReproOptions
+    run: RunDir
+    prefix: str
+    on_tick: Callable[[dict], None] | None
+    result: dict[str, Any]
+    undo: Callable[[str, Callable[[], list[str] | None]], None]
+    swaps: list[str] = field(default_factory=list)         # the node's active swap devices
+    disks: list[str] = field(default_factory=list)         # the whole disks whose reads are throttled
+    cgroups: list[RunCgroup | None] = field(default_factory=list)  # one per rank, or None
+    children: list[Child] = field(default_factory=list)
+    sup: Supervisor | None = None
+    tracer: Any = None
+
+
 def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
               on_tick: Callable[[dict], None] | None = None) -> dict[str, Any]:
     validate(opts)
@@ -302,18 +337,9 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
         "eta_error": None, "ranks": [], "notes": [],
     }
     if opts.allocator == "torch":
-        opts.torch_version = check_torch(opts.python or sys.executable)
-        result["options"]["torch_version"] = opts.torch_version
-        req = opts.torch_request
-        result["torch"] = req.to_dict()
-        call = {"empty": "torch.empty(pin_memory=True)", "pin_memory": "Tensor.pin_memory()",
-                "register": "torch.cuda.cudart().cudaHostRegister"}[opts.torch_call]
-        result["notes"].append(
-            f"through PyTorch {opts.torch_version} ({opts.python or sys.executable}): {call} of "
-            f"{format_bytes(opts.size)} per rank" + (" registers exactly that (a tensor over the region)"
-                                                      if opts.torch_call == "register" else
-                                                      f" asks the driver for {format_bytes(req.request_bytes)} "
-                                                      f"({'; '.join(req.rules)})"))
+        _plan_torch(opts, result)
+    if opts.method == "mlock" and opts.device_list is not None:
+        result["notes"].append("--method mlock opens no GPU: the devices given are not used")
     if opts.uses_gpu and not read_nvidia(Root("/")).loaded:
         result.update(outcome="unevaluated", verdict="no NVIDIA driver / no GPU on this node: --method "
                       f"{opts.method} needs one; --method mlock reproduces the kernel side without a GPU")
@@ -324,20 +350,13 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
         result.update(outcome="refused", refusal=refusal, verdict=f"refused: {refusal['summary']}; nothing was "
                       f"allocated ({refusal.get('override', '--force')} runs it anyway)")
         return result
-    cleanup = Cleanup()
-    state: dict[str, Any] = {"children": [], "sup": None}
+    driver = Driver(STEPS)
+    state = RunState(opts, run, prefix, on_tick, result, driver.undo)
     try:
-        with cleanup.signals_raise():
-            try:
-                _run(opts, run, prefix, on_tick, cleanup, state, result)
-            except Interrupted as exc:
-                result["outcome"] = "interrupted"
-                result["interrupted_by"] = exc.args[0]
-                sup = state["sup"]
-                if sup is not None and any(c.alive for c in state["children"]):
-                    result["kill"] = sup.kill_children("interrupted", wait_s=10.0)
+        driver.run(state, finish=lambda stop: _finish(state, stop), close=lambda: _close(state),
+                   interrupted=lambda signal_name: _interrupted(state, signal_name))
     finally:
-        result["cleanup"] = cleanup.run_all()
+        result["cleanup"] = driver.log
         problems = [p for step in result["cleanup"] for p in step["problems"]]
         if problems:
             result["notes"].append("cleanup could not undo everything: " + "; ".join(problems))
@@ -347,166 +366,225 @@ def run_repro(opts: ReproOptions, run: RunDir, prefix: str = "",
     return result
 
 
-def _run(opts: ReproOptions, run: RunDir, prefix: str, on_tick, cleanup: Cleanup, state: dict,
-         result: dict) -> None:
-    if not prefix:  # a matrix records the node once, before its first case
-        result["facts"] = node_facts(Root("/", run=run))  # the node before, in the evidence (root/...)
-    if opts.make_swap:
-        try:
-            swap = SwapFile(opts.swap_dir, opts.make_swap).create()
-        except SwapError as exc:
-            raise ReproError(str(exc)) from None
-        cleanup.push(f"swap file {swap.path}", swap.remove)
-        result["swap_file"] = str(swap.path)
-    swaps = active_swaps()
-    if opts.swap_out and not swaps:
-        raise ReproError("the node has no swap: add --make-swap SIZE (a temporary swap file, removed afterwards)")
-    disks = throttle_devices(opts, swaps)
-    cgroups: list[RunCgroup | None] = [None] * opts.ranks
-    if opts.swap_out or disks:
-        for rank in range(opts.ranks):
-            try:
-                cg = RunCgroup(cgroup_name(os.getpid(), abs(hash(prefix)) % 10000, rank)).create(want_io=bool(disks))
-            except (CgroupError, OSError) as exc:
-                raise ReproError(f"cannot create a cgroup for the run: {exc} (needs root)") from None
-            cleanup.push(f"cgroup {', '.join(map(str, cg.dirs))}", cg.remove)
-            cgroups[rank] = cg
-            for majmin in disks:
-                try:
-                    cg.throttle_reads(majmin, opts.throttle_rate)
-                except CgroupError as exc:
-                    raise ReproError(f"cannot throttle reads from {majmin}: {exc}") from None
-        result["cgroups"] = [str(d) for cg in cgroups if cg for d in cg.dirs]
-        if disks:
-            result["throttle"] = {"devices": disks, "read_bytes_per_s": opts.throttle_rate}
+def _plan_torch(opts: ReproOptions, result: dict) -> None:
+    """--allocator torch: the child's torch version, and what PyTorch will ask the driver for."""
+    opts.torch_version = check_torch(opts.python or sys.executable)
+    result["options"]["torch_version"] = opts.torch_version
+    req = opts.torch_request
+    result["torch"] = req.to_dict()
+    call = {"empty": "torch.empty(pin_memory=True)", "pin_memory": "Tensor.pin_memory()",
+            "register": "torch.cuda.cudart().cudaHostRegister"}[opts.torch_call]
+    result["notes"].append(
+        f"through PyTorch {opts.torch_version} ({opts.python or sys.executable}): {call} of "
+        f"{format_bytes(opts.size)} per rank" + (" registers exactly that (a tensor over the region)"
+                                                  if opts.torch_call == "register" else
+                                                  f" asks the driver for {format_bytes(req.request_bytes)} "
+                                                  f"({'; '.join(req.rules)})"))
 
-    children: list[Child] = state["children"]
 
-    def kill_all() -> list[str]:
-        return [f"child pid {c.pid} still alive after SIGKILL (unkillable)" for c in kill_and_wait(children)]
+# -- the steps, in the order they run (STEPS, at the end); each returns None or why the run stops --------
+def record_node(r: RunState) -> None:
+    """The node before, in the evidence (root/...); a matrix records it once, before its first case."""
+    if not r.prefix:
+        r.result["facts"] = node_facts(Root("/", run=r.run))
 
-    cleanup.push("children", kill_all)
-    spec = opts.child_spec()
-    for rank in range(opts.ranks):
-        join = cgroups[rank].join_files() if cgroups[rank] else []
-        children.append(spawn_child(spec, rank, run, prefix, join))
-    sup = Supervisor(run, prefix, children, opts.driver_method, opts.pinned_size * opts.ranks, interval=opts.interval,
-                     stall_after=opts.stall_after, deadline=opts.deadline, on_tick=on_tick)
-    state["sup"] = sup
-    tracer = start_trace(run, sup.pids, sup.t0, result["notes"], devices=disks) if opts.trace else None
-    if tracer is not None:
-        cleanup.push("tracefs instances", lambda: tracer.stop().get("cleanup_problems") or [])
+
+def make_swap_file(r: RunState) -> None:
+    if not r.opts.make_swap:
+        return
     try:
-        _drive(opts, sup, cgroups, result)
-    finally:
-        result["watchdog"] = sup.finish()
-        reproduction_budgets(tracer, sup.pids, sup.pin_t, sup.pin_end_t, result)
+        swap = SwapFile(r.opts.swap_dir, r.opts.make_swap).create()
+    except SwapError as exc:
+        raise ReproError(str(exc)) from None
+    r.undo(f"swap file {swap.path}", swap.remove)
+    r.result["swap_file"] = str(swap.path)
 
 
-def _all(children: list[Child], *names: str) -> Callable[[], bool]:
-    return lambda: all(c.has(*names) for c in children)
+def find_devices(r: RunState) -> None:
+    """The swap devices the region goes out to, and the disks to throttle."""
+    r.swaps = active_swaps()
+    if r.opts.swap_out and not r.swaps:
+        raise ReproError("the node has no swap: add --make-swap SIZE (a temporary swap file, removed afterwards)")
+    r.disks = throttle_devices(r.opts, r.swaps)
 
 
-def _drive(opts: ReproOptions, sup: Supervisor, cgroups: list, result: dict) -> None:
-    children = sup.children
-    # 1. setup: CUDA context, calibration, the region mapped
-    stop = sup.wait(_all(children, "ready", "setup_failed"), deadline=min(filter(None, [sup.deadline, SETUP_TIMEOUT_S])))
-    failed = [c for c in children if c.has("setup_failed")]
-    if stop or failed:
-        _finish_early(opts, sup, result, stop or "setup_failed")
+def make_cgroups(r: RunState) -> None:
+    """One memory (and io) cgroup per rank, for --swap-out's reclaim and for the read throttle."""
+    opts = r.opts
+    r.cgroups = [None] * opts.ranks
+    if not (opts.swap_out or r.disks):
         return
-    cal = children[0].last["ready"].get("calibration")
+    for rank in range(opts.ranks):
+        try:
+            cg = RunCgroup(cgroup_name(os.getpid(), abs(hash(r.prefix)) % 10000, rank)).create(want_io=bool(r.disks))
+        except (CgroupError, OSError) as exc:
+            raise ReproError(f"cannot create a cgroup for the run: {exc} (needs root)") from None
+        r.undo(f"cgroup {', '.join(map(str, cg.dirs))}", cg.remove)
+        r.cgroups[rank] = cg
+    r.result["cgroups"] = [str(d) for cg in r.cgroups if cg for d in cg.dirs]
+
+
+def throttle_reads(r: RunState) -> None:
+    """Each rank's reads from the disks (the file's, the swap's) at --read-rate; removing the
+    cgroup lifts it."""
+    if not r.disks:
+        return
+    for cg in r.cgroups:
+        for majmin in r.disks:
+            try:
+                cg.throttle_reads(majmin, r.opts.throttle_rate)
+            except CgroupError as exc:
+                raise ReproError(f"cannot throttle reads from {majmin}: {exc}") from None
+    r.result["throttle"] = {"devices": r.disks, "read_bytes_per_s": r.opts.throttle_rate}
+
+
+def start_children(r: RunState) -> None:
+    """One pinning child per rank, each in its rank's cgroups before it allocates anything."""
+    children = r.children
+    r.undo("children", lambda: [f"child pid {c.pid} still alive after SIGKILL (unkillable)"
+                                for c in kill_and_wait(children)])
+    spec = r.opts.child_spec()
+    for rank in range(r.opts.ranks):
+        join = r.cgroups[rank].join_files() if r.cgroups[rank] else []
+        children.append(spawn_child(spec, rank, r.run, r.prefix, join))
+
+
+def start_watchdog(r: RunState) -> None:
+    opts = r.opts
+    r.sup = Supervisor(r.run, r.prefix, r.children, opts.driver_method, opts.pinned_size * opts.ranks,
+                       interval=opts.interval, stall_after=opts.stall_after, deadline=opts.deadline,
+                       on_tick=r.on_tick)
+
+
+def start_tracer(r: RunState) -> None:
+    """--trace: the kernel tracer on the children (diag.watch.traced), its instances removed at the end."""
+    if not r.opts.trace:
+        return
+    tracer = r.tracer = start_trace(r.run, r.sup.pids, r.sup.t0, r.result["notes"], devices=r.disks)
+    if tracer is not None:
+        r.undo("tracefs instances", lambda: tracer.stop().get("cleanup_problems") or [])
+
+
+def wait_ready(r: RunState) -> str | None:
+    """Setup in the children: the CUDA context, the calibration, the region mapped."""
+    sup = r.sup
+    stop = sup.wait(lambda: all(c.has("ready", "setup_failed") for c in r.children),
+                    deadline=min(filter(None, [sup.deadline, SETUP_TIMEOUT_S])))
+    if stop or any(c.has("setup_failed") for c in r.children):
+        return stop or "setup_failed"
+    cal = r.children[0].last["ready"].get("calibration")
     if cal and cal.get("seconds"):
-        result["clean_rate_gib_s"] = cal["bytes"] / GiB / cal["seconds"]
-        result["calibration"] = cal
-        sup.clean_pages_s = cal["bytes"] / sup.page / cal["seconds"] * len(children)
-    if opts.read_rate and opts.file_path:  # the pin must read the file from its disk, at the throttled rate
-        try:
-            result["file_cache"] = evict(opts.file_path)
-        except (FileCacheError, OSError) as exc:
-            raise ReproError(f"cannot drop {opts.file_path} from the page cache: {exc}") from None
-    # 2. prefault; then, for --swap-out, reclaim that much of each child's cgroup into swap
-    sup.mark_region_base()
-    if opts.prefault or opts.swap_out:
-        if opts.swap_out and not opts.prefault:
-            result["notes"].append("the region was touched anyway: --swap-out needs it resident first")
-        sup.phase = "prefault"
-        for c in children:
-            c.send("prefault")
-        stop = sup.wait(_all(children, "prefault_done", "error"), stall=True)
-        if stop or any(c.has("error") for c in children):
-            _finish_early(opts, sup, result, stop or "prefault_error")
-            return
-    if opts.swap_out:
-        sup.phase = "swap-out"
-        for c in children:
-            c.send(f"pageout {opts.swap_out}")
-        stop = sup.wait(_all(children, "pageout_done", "error"), stall=True)
-        if stop or any(c.has("error") for c in children):
-            _finish_early(opts, sup, result, stop or "pageout_error")
-            return
-        outcomes: list = [None] * len(children)
+        r.result["clean_rate_gib_s"] = cal["bytes"] / GiB / cal["seconds"]
+        r.result["calibration"] = cal
+        sup.clean_pages_s = cal["bytes"] / sup.page / cal["seconds"] * len(r.children)
+    return None
 
-        def drop(i: int, cg: RunCgroup) -> None:
-            outcomes[i] = cg.drop_swap_cache()
 
-        # reclaim runs in the writing thread: keep it off the supervisor's thread
-        threads = [threading.Thread(target=drop, args=(i, cg), daemon=True) for i, cg in enumerate(cgroups)]
-        for t in threads:
-            t.start()
-        stop = sup.wait(lambda: not any(t.is_alive() for t in threads))
-        if stop:
-            _finish_early(opts, sup, result, stop)
-            return
-        swapped = []
-        for c, cg in zip(children, cgroups):
-            st = read_status(c.pid)
-            own = st.vm_swap_bytes if st else None
-            try:  # the cgroup counts a shared-memory region's swap too, which VmSwap does not
-                in_cgroup = cg.swap_bytes() if cg is not None else None
-            except (OSError, ValueError):
-                in_cgroup = None
-            swapped.append(max(x for x in (own, in_cgroup, -1) if x is not None) if (own, in_cgroup) != (None, None)
-                           else None)
-        result["swapped_out_bytes"] = swapped
-        result["swap_out_steps"] = outcomes
-        if any(x is not None and x < 0.8 * opts.swap_out for x in swapped):
-            result["notes"].append(f"asked for {format_bytes(opts.swap_out)} in swap per rank, the region has "
-                                   + ", ".join(format_bytes(x) for x in swapped))
-    # 3. pin, all ranks at the same moment
-    sup.start_pin()
-    stop = sup.wait(_all(children, "pin_done", "pin_failed", "error"), stall=True)
-    sup.end_pin()
-    if stop:
-        _finish_early(opts, sup, result, stop)
+def drop_file_cache(r: RunState) -> None:
+    """--read-rate of a file: the pin must read the file from its disk, at the throttled rate."""
+    opts = r.opts
+    if not (opts.read_rate and opts.file_path):
         return
-    # 4. undo: unpin, unmap, exit
-    sup.phase = "undo"
-    for c in children:
-        c.send("quit")
-    stop = sup.wait(lambda: all(c.has("exit") or not c.alive for c in children), deadline=sup.now() + UNDO_TIMEOUT_S)
-    if stop == "deadline":
-        result["undo_kill"] = sup.kill_children("undo-timeout")
-    for c in children:
-        try:
-            c.proc.wait(timeout=10)
-        except Exception:
-            pass
-    summarize(opts, sup, result, stop_reason=None)
+    try:
+        r.result["file_cache"] = evict(opts.file_path)
+    except (FileCacheError, OSError) as exc:
+        raise ReproError(f"cannot drop {opts.file_path} from the page cache: {exc}") from None
 
 
-def _finish_early(opts, sup: Supervisor, result: dict, reason: str) -> None:
-    result["stopped"] = {"reason": reason, "phase": sup.phase, "at_s": round(sup.now(), 3), "progress": sup.progress}
-    if reason in ("deadline", "stall"):
-        result["kill"] = sup.kill_children(reason)
-    else:
-        for c in sup.children:
-            if c.alive:
-                c.send("quit")
-        t_end = time.monotonic() + 30
-        while time.monotonic() < t_end and any(c.alive and not c.has("exit") for c in sup.children):
-            sup.pump_events()
-            time.sleep(0.05)
-        if any(c.alive for c in sup.children):
-            result["kill"] = sup.kill_children("after-" + reason)
-    summarize(opts, sup, result, stop_reason=reason)
+def prefault(r: RunState) -> str | None:
+    r.sup.mark_region_base()
+    opts = r.opts
+    if not (opts.prefault or opts.swap_out):
+        return None
+    if opts.swap_out and not opts.prefault:
+        r.result["notes"].append("the region was touched anyway: --swap-out needs it resident first")
+    return r.sup.command_all("prefault", "prefault", done="prefault_done", failed="prefault_error")
+
+
+def page_out(r: RunState) -> str | None:
+    """--swap-out: each child writes that much of its region to swap (MADV_PAGEOUT)."""
+    if not r.opts.swap_out:
+        return None
+    return r.sup.command_all("swap-out", f"pageout {r.opts.swap_out}", done="pageout_done", failed="pageout_error")
+
+
+def reclaim_swap_cache(r: RunState) -> str | None:
+    """--swap-out: the pages written out leave the swap cache (each rank's cgroup reclaims them), so
+    that the pin reads them back from the device."""
+    opts = r.opts
+    if not opts.swap_out:
+        return None
+    outcomes: list = [None] * len(r.children)
+
+    def drop(i: int, cg: RunCgroup) -> None:
+        outcomes[i] = cg.drop_swap_cache()
+
+    # reclaim runs in the writing thread: keep it off the supervisor's thread
+    threads = [threading.Thread(target=drop, args=(i, cg), daemon=True) for i, cg in enumerate(r.cgroups)]
+    for t in threads:
+        t.start()
+    stop = r.sup.wait(lambda: not any(t.is_alive() for t in threads))
+    if stop:
+        return stop
+    swapped = [_swapped_bytes(c, cg) for c, cg in zip(r.children, r.cgroups)]
+    r.result["swapped_out_bytes"] = swapped
+    r.result["swap_out_steps"] = outcomes
+    if any(x is not None and x < 0.8 * opts.swap_out for x in swapped):
+        r.result["notes"].append(f"asked for {format_bytes(opts.swap_out)} in swap per rank, the region has "
+                                 + ", ".join(format_bytes(x) for x in swapped))
+    return None
+
+
+def _swapped_bytes(c: Child, cg: RunCgroup | None) -> int | None:
+    st = read_status(c.pid)
+    own = st.vm_swap_bytes if st else None
+    try:  # the cgroup counts a shared-memory region's swap too, which VmSwap does not
+        in_cgroup = cg.swap_bytes() if cg is not None else None
+    except (OSError, ValueError):
+        in_cgroup = None
+    if (own, in_cgroup) == (None, None):
+        return None
+    return max(x for x in (own, in_cgroup, -1) if x is not None)
+
+
+def pin(r: RunState) -> str | None:
+    """All ranks at the same moment, sampled until each has pinned or failed."""
+    sup = r.sup
+    sup.start_pin()
+    stop = sup.wait(lambda: all(c.has("pin_done", "pin_failed", "error") for c in r.children), stall=True)
+    sup.end_pin()
+    return stop
+
+
+def unpin(r: RunState) -> None:
+    """Unpin, unmap, exit; a child that takes longer than UNDO_TIMEOUT_S is killed."""
+    kill = r.sup.quit_children(UNDO_TIMEOUT_S)
+    if kill is not None:
+        r.result["undo_kill"] = kill
+
+
+STEPS = (record_node, make_swap_file, find_devices, make_cgroups, throttle_reads, start_children, start_watchdog,
+         start_tracer, wait_ready, drop_file_cache, prefault, page_out, reclaim_swap_cache, pin, unpin)
+
+
+# -- the driver's ends (repro.driver.Driver.run) --------------------------------------------------------
+def _finish(r: RunState, stop: str | None) -> None:
+    """Every step ran, or one stopped the run: the children are stopped, then the result is made."""
+    if stop:
+        r.result.update(r.sup.stop_children(stop))
+    summarize(r.opts, r.sup, r.result, stop_reason=stop)
+
+
+def _close(r: RunState) -> None:
+    """However the steps ended: the watchdog's figures, and the trace's budget of the pin."""
+    if r.sup is None:
+        return
+    r.result["watchdog"] = r.sup.finish()
+    reproduction_budgets(r.tracer, r.sup.pids, r.sup.pin_t, r.sup.pin_end_t, r.result)
+
+
+def _interrupted(r: RunState, signal_name: str) -> None:
+    r.result["outcome"] = "interrupted"
+    r.result["interrupted_by"] = signal_name
+    if r.sup is not None and any(c.alive for c in r.children):
+        r.result["kill"] = r.sup.kill_children("interrupted", wait_s=10.0)

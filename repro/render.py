@@ -51,12 +51,15 @@ def render_result(r: ReproRegisterResult) -> str:
         lines.append(tabulate(facts, tablefmt="plain"))
     if len(r.ranks) > 1 or any(rk.chunks and len(rk.chunks) > 1 for rk in r.ranks):
         rows = []
+        gpus = any(rk.device is not None for rk in r.ranks)  # --method mlock opens none
         for rk in r.ranks:
             pf_rate = rk.prefault.rate_gib_s if rk.prefault else None
-            rows.append([rk.rank, rk.outcome, format_duration(rk.seconds), f"{rk.rate_gib_s:.2f}" if rk.rate_gib_s else "",
+            rows.append([rk.rank] + ([rk.device] if gpus else []) + [
+                         rk.outcome, format_duration(rk.seconds), f"{rk.rate_gib_s:.2f}" if rk.rate_gib_s else "",
                          f"{pf_rate:.2f}" if pf_rate else "", len(rk.chunks or []), format_duration(rk.unpin_s)])
         lines.append("")
-        lines.append(tabulate(rows, headers=["rank", "outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
+        lines.append(tabulate(rows, headers=["rank"] + (["GPU"] if gpus else []) +
+                              ["outcome", "pin", "GiB/s", "prefault GiB/s", "chunks", "unpin"]))
     for rk in r.ranks:
         chunks = rk.chunks or []
         if len(chunks) > 1:

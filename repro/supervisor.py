@@ -130,6 +130,16 @@ class Supervisor:
             else:
                 time.sleep(timeout)
 
+    def command_all(self, phase: str, command: str, done: str, failed: str) -> str | None:
+        """Start `phase`: every child is sent `command`, and sampled until each has reported `done`
+        (or an error). None, or why the phase ended early: wait()'s reasons, or `failed` when a child
+        reported an error."""
+        self.phase = phase
+        for c in self.children:
+            c.send(command)
+        stop = self.wait(lambda: all(c.has(done, "error") for c in self.children), stall=True)
+        return stop or (failed if any(c.has("error") for c in self.children) else None)
+
     # -- the pin -------------------------------------------------------------------------------
     def mark_region_base(self) -> None:
         """Call before the region is touched: the RSS the children have without it."""
@@ -171,6 +181,41 @@ class Supervisor:
         if stuck:
             evidence["unkillable_stacks"] = self.capture_stacks(f"{reason}-unkillable")
         return evidence
+
+    def stop_children(self, reason: str) -> dict:
+        """End the run early: for the deadline or a stall the children are killed (their stacks first);
+        otherwise each is asked to quit, given 30 s, and killed if still alive. What was done, for the result."""
+        done: dict[str, Any] = {"stopped": {"reason": reason, "phase": self.phase, "at_s": round(self.now(), 3),
+                                            "progress": self.progress}}
+        if reason in ("deadline", "stall"):
+            done["kill"] = self.kill_children(reason)
+            return done
+        for c in self.children:
+            if c.alive:
+                c.send("quit")
+        t_end = time.monotonic() + 30
+        while time.monotonic() < t_end and any(c.alive and not c.has("exit") for c in self.children):
+            self.pump_events()
+            time.sleep(0.05)
+        if any(c.alive for c in self.children):
+            done["kill"] = self.kill_children("after-" + reason)
+        return done
+
+    def quit_children(self, timeout_s: float) -> dict | None:
+        """The run's end: each child unpins, unmaps and exits. One still running after timeout_s is
+        killed: the kill's evidence, else None."""
+        self.phase = "undo"
+        for c in self.children:
+            c.send("quit")
+        stop = self.wait(lambda: all(c.has("exit") or not c.alive for c in self.children),
+                         deadline=self.now() + timeout_s)
+        kill = self.kill_children("undo-timeout") if stop == "deadline" else None
+        for c in self.children:
+            try:
+                c.proc.wait(timeout=10)
+            except Exception:
+                pass
+        return kill
 
     def finish(self) -> dict:
         self.pump_events()

@@ -11,6 +11,7 @@ from ..cgroup import parse_mountinfo
 from ..facts import ABSENT, NOT_CAPTURED, OK, UNREADABLE
 from ..kernel import parse_release
 from ..nvidia import version_str
+from ..placement import rank_device
 from ..units import format_bytes, format_duration
 from . import ERROR, FAIL, PASS, SKIP, WARN, Context, Verdict, never, register
 
@@ -295,11 +296,12 @@ def numa_placement(ctx: Context) -> Verdict:
         return Verdict(SKIP, f"{len(nodes)} NUMA nodes but no GPU found to place against", evidence=ev)
     free = {n.node: n.free_bytes or 0 for n in nodes}
     size = ctx.plan.pinned_bytes or 0
-    # rank i uses GPU i (local rank -> device, wrapping past the last GPU); ranks sharing a node add up
+    # rank i uses GPU i, wrapping past the last GPU (diag.placement, repro register's default too);
+    # ranks sharing a node add up
     gpus = list(gpu_nodes.items())
     per_node: dict[int, list[int]] = {}
     for rank in range(ctx.plan.ranks):
-        bdf, nd = gpus[rank % len(gpus)]
+        bdf, nd = gpus[rank_device(rank, len(gpus))]
         if nd is not None:
             per_node.setdefault(nd, []).append(rank)
     ev["ranks_per_node"] = {str(k): v for k, v in per_node.items()}
