@@ -127,11 +127,12 @@ def test_the_verdict_names_the_rank_and_the_devices_the_node_shows(tmp_path, mon
     opts = ReproOptions(size=GiB, ranks=2, devices=[0, 1])
     result = {"ranks": [], "notes": [], "expected_pages": 2 * GiB // 4096}
     summarize(opts, SimpleNamespace(children=children, tracker=None, pin_t=None), result, stop_reason="setup_failed")
-    assert [(r["rank"], r["device"]) for r in result["ranks"]] == [(0, 0), (1, 1)]
+    assert [(r.rank, r.device) for r in result["ranks"]] == [(0, 0), (1, 1)]
     assert result["outcome"] == "failed" and result["verdict"] == (
         "rank 1 was given CUDA device 1, and this node shows 1 CUDA device (0); give --devices one of those per "
         "rank (cudaSetDevice: cudaErrorInvalidDevice (101)).")
+    from repro.outcome import build_result
     from repro.render import render_result
-    table = render_result(dict(result, run_dir=str(tmp_path))).splitlines()
+    table = render_result(build_result(dict(result, run_dir=str(tmp_path)))).splitlines()
     header = next(line for line in table if line.lstrip().startswith("rank"))
     assert header.split()[:3] == ["rank", "GPU", "outcome"]
