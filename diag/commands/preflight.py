@@ -47,7 +47,6 @@ def _gate_errors(func):
     return wrapper
 
 
-
 def _torch_plan(size, chunk, method, source, torch_version, alloc_conf):
     """(the PyTorch request as a dict, the method and source it implies) for --allocator torch; torch is
     never imported. A setting PyTorch would refuse is a bad command line (exit 2)."""
