@@ -1,13 +1,18 @@
-"""The options and helpers every `hostpin` command line shares (diag.cli, diag.watch.cli, repro.cli):
-sizes, rates and rank counts as parameter types, --out and --json, the run directory, exit 3's error.
+"""The options and helpers every `hostpin` command line shares (diag.cli and its verbs in diag.commands,
+diag.watch.cli, repro.cli): sizes, rates and rank counts as parameter types, --out, --json and the read limits,
+the run directory, exit 3's error and the one line for an unexpected one.
 
 Below every CLI module and importing none of them, so the verbs' modules can share it without
 importing each other.
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -17,7 +22,8 @@ from .units import SizeError, parse_rate, parse_size
 
 __all__ = ["InputError", "SizeType", "RateType", "RanksType", "FiniteRange", "SIZE", "RATE", "RANKS",
            "out_option", "json_option", "open_run", "GuardedStream", "evidence_exit", "unwritten_exit",
-           "CALLER_UMASK", "COMMAND_EXIT"]
+           "CALLER_UMASK", "COMMAND_EXIT", "GATE_ANSWERED", "unexpected", "evaluating", "json_errors",
+           "check_margin", "limits_options", "limits_of", "NonEmptyPath", "not_empty"]
 
 
 class InputError(click.ClickException):
@@ -84,6 +90,7 @@ class FiniteRange(click.FloatRange):
 SIZE, RATE, RANKS = SizeType(), RateType(), RanksType()
 CALLER_UMASK: int | None = None  # the umask hostpin was started with, before it made its own files private
 COMMAND_EXIT = False  # the exit code is CMD's (`watch -- CMD`): an output that failed does not change it
+GATE_ANSWERED: int | None = None  # the exit code of a gate line already printed (preflight --format line|npd)
 
 
 def out_option(f):
@@ -232,3 +239,91 @@ def unwritten_exit(code: int) -> int:
     """The exit code once an output could not be written: what was decided stands (1 a failure, or
     any code but 0), and a pass becomes 3, "could not write the output"."""
     return EXIT_UNEVALUATED if code == EXIT_OK else code
+
+
+def unexpected(exc: BaseException, head: str) -> str:
+    """One line for an error nobody planned for: what, and where in hostpin it happened."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    text = " ".join(f"{head}: {type(exc).__name__}: {exc}{where}".split())
+    return (text[:400] + " ...") if len(text) > 400 else text + "; HOSTPIN_DEBUG=1 shows the traceback"
+
+
+@contextmanager
+def evaluating(what: str):
+    """Anything unexpected while evaluating someone's input is exit 3 with one line (a damaged
+    or unexpected value in a run, a tree, a bundle), not a traceback."""
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get("HOSTPIN_DEBUG"):
+            raise
+        raise InputError(unexpected(exc, f"could not evaluate {what}")) from None
+
+
+def json_errors(command: str):
+    """With --json, an error is a JSON object on stdout too (status 'error', exit_code, error)."""
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kw):
+            try:
+                return f(*args, **kw)
+            except click.ClickException as exc:
+                if not getattr(exc, "json_printed", False):
+                    doc = {"tool": "hostpin", "command": command, "status": "error", "exit_code": exc.exit_code,
+                           "error": exc.format_message(), "verdict": exc.format_message()}
+                    if kw.get("as_json"):
+                        click.echo(json.dumps(doc, indent=2))
+                        exc.json_printed = True  # main() must not answer a second time
+                    _error_to_json_file(doc)
+                raise
+        return wrapper
+    return deco
+
+
+def check_margin(ctx, param, value):
+    """--margin: a percentage of MemTotal or a size (a callback, and repro register's check)."""
+    text = str(value).strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct < 100:
+                raise ValueError
+        else:
+            parse_size(text)
+    except (ValueError, SizeError):
+        raise click.BadParameter(f"{value!r} is not a margin; use a percentage of MemTotal or a size, "
+                                 f"e.g. 5% or 8GiB", ctx, param)
+    return text
+
+
+def limits_options(f):
+    f = click.option("--max-files", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Most files a bundle may hold or a run may list (default 20000).")(f)
+    return click.option("--max-size", type=SIZE, default=None, metavar="SIZE",
+                        help="Most bytes read from one run or unpacked from one bundle (default 1GiB; one file "
+                             "at most a quarter of it, at least 256MiB).")(f)
+
+
+def limits_of(max_size: int | None, max_files: int | None):
+    """The read limits --max-size and --max-files give (diag.confined.Limits)."""
+    from .confined import Limits
+    return Limits.for_total(max_size, max_files)
+
+
+class NonEmptyPath(click.Path):
+    """A path option that refuses the empty string (click would read it as '.', the current directory)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def not_empty(ctx, param, value):
+    if isinstance(value, str) and not value.strip():
+        what = {"VERSION": "a version, e.g. 2.11.0"}.get(getattr(param, "metavar", None), "a path")
+        raise click.BadParameter(f"an empty value; give {what}, or leave the option out")
+    return value

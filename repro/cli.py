@@ -29,9 +29,9 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "hostpin":
 import click  # noqa: E402
 
 from diag import cliopts  # noqa: E402
-from diag.cli import (RANKS, RATE, SIZE, FiniteRange, InputError, _margin, cli, json_errors,  # noqa: E402
-                      json_option, json_to_file, open_run, out_option, unexpected)
-from diag.cliopts import GuardedStream, evidence_exit  # noqa: E402
+from diag.cli import cli  # noqa: E402
+from diag.cliopts import (RANKS, RATE, SIZE, FiniteRange, GuardedStream, InputError, check_margin,  # noqa: E402
+                          evidence_exit, json_errors, json_option, json_to_file, open_run, out_option, unexpected)
 from diag.exitcodes import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED, EXIT_USAGE  # noqa: E402
 from diag.safetext import guarded_output  # noqa: E402
 from diag.units import SIZE_EXAMPLE  # noqa: E402
@@ -127,7 +127,7 @@ def register_cmd(size, method, allocator, python, register_flags, source, map_, 
     if not (source in ("anon", "shm", "uffd") or (source.startswith("file:") and len(source) > 5)):
         raise click.BadParameter(f"{source!r} is not a source; use anon, shm or file:PATH, e.g. file:/data/table.bin",
                                  param_hint="'--source'")
-    _margin(None, None, margin)
+    check_margin(None, None, margin)
     if make_swap is not None:
         from .swapfile import MIN_PAGES, PAGE
         if make_swap < MIN_PAGES * PAGE:

@@ -134,3 +134,35 @@ def test_help_and_version(run_cli):
     assert r.returncode == 0 and "--size" in r.stdout and "Exit code" in r.stdout
     r = run_cli("--version")
     assert r.returncode == 0 and "hostpin" in r.stdout
+
+
+def test_an_interrupt_after_the_gate_line_keeps_its_answer(tmp_path, monkeypatch, capsys):
+    """The gate's line is the answer: a Ctrl-C once it is printed does not add "not evaluated:
+    interrupted" nor change the exit code. The interrupt is injected (the one fake here) where
+    preflight returns, after the line, in the real console entry point run in this process."""
+    import os
+
+    import diag.gate
+    from repro.cli import main
+    real = diag.gate.npd_exit_code
+    calls = []
+
+    def npd_exit_code(data):  # the first call gives the answer; the second is the return, after the line
+        calls.append(data)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(data)
+
+    monkeypatch.setattr(diag.gate, "npd_exit_code", npd_exit_code)
+    monkeypatch.setenv("HOSTPIN_CONFIG", "none")
+    umask = os.umask(0o022)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main(["preflight", "--root", str(REFERENCE), "--size", "47.2GiB", "--ranks", "2", "--cgroup", "none",
+                  "--no-cuda", "--skip", "psi", "--format", "npd", "--out", str(tmp_path)])
+    finally:
+        os.umask(umask)
+    out = capsys.readouterr().out
+    assert len(calls) == 2, "the interrupt was not injected after the line"
+    assert out.splitlines() == [out.strip()] and out.startswith("hostpin: ") and "interrupted" not in out, out
+    assert exit_.value.code == 0  # the pass that was printed, not npd's "unknown" (2)
