@@ -148,7 +148,7 @@ def _check_skip(where: str, names: list[str]) -> None:
 
 def _validate(path: Path, tables: dict[str, Any], root: click.Group) -> dict[str, dict[str, Any]]:
     defaults: dict[str, dict[str, Any]] = {}
-    preflight = root.commands.get("preflight")
+    preflight = root.get_command(click.get_current_context(silent=True), "preflight")  # imported if lazy
     for section, body in tables.items():
         if section not in SECTIONS:
             raise ConfigError(f"{path}: unknown section or key {section!r}; the file holds the tables "

@@ -103,7 +103,8 @@ def test_live_preflight_on_this_machine(run_cli):
         assert result["cuda"]["status"] in ("no_driver", "no_device")
     manifest = load_manifest(result["run_dir"])
     probe = next(e for e in manifest["entries"] if e["path"] == "probes/cuda.json")
-    assert probe["returncode"] == 0 and probe["timed_out"] is False
+    # None: the probe's answer came whole and its child was still exiting (it is reaped apart)
+    assert probe["returncode"] in (0, None) and probe["timed_out"] is False
 
 
 def test_live_mlock_plan_needs_no_gpu(run_cli):

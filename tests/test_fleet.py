@@ -144,7 +144,7 @@ def test_the_site_file_follows_new_preflight_options():
 
     from diag.cli import cli
     from diag.config import PLAN_KEYS, _option_by_key
-    keys = _option_by_key(cli.commands["preflight"])
+    keys = _option_by_key(cli.get_command(None, "preflight"))
     assert set(PLAN_KEYS) <= set(keys)
     assert {"margin", "skip", "strict", "no-cuda", "cuda-timeout", "sample", "prometheus", "reserve"} <= set(keys)
     assert not {"root", "json", "format", "out", "config"} & set(keys)
