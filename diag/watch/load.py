@@ -16,7 +16,9 @@ pins a process may still be stuck on memory in its own page faults, and these ph
     alloc           its resident memory grows without a pin (and without swap-in or file reads):
                     pages allocated and zeroed in its own faults; catalog 2. No total.
 
-A phase starts at the first sample that shows its work and ends at the first of two quiet
+A phase starts at the sample before the first one that shows its work (for work that already
+showed in the sample where a pin returned, the sample before that one: the pin returned and the
+load began in the same interval, which both phases then count) and ends at the first of two quiet
 samples in a row, when a pin phase starts in the process (a pin is followed by the pin's
 own tracker), when another kind of work goes on for two samples, or when the process ends.
 Samples are read by diag.watch.sampler; the rules, bounds and ETAs are the pin's
@@ -103,6 +105,7 @@ class LoadBook:
         self.open: dict[int, tuple[LoadPhase, Tracker]] = {}
         self.closed: list[tuple[LoadPhase, Tracker]] = []
         self.prev: dict | None = None
+        self.prev2: dict | None = None  # the sample before prev
         self.last_pin: dict[int, tuple[float, int | None]] = {}  # pid: (when its last pin ended, its bytes)
         self.dropped: list[LoadPhase] = []  # begun just before a pin was named: the pin's own start
 
@@ -161,8 +164,16 @@ class LoadBook:
                 tr.update(sample, in_call=True)
             elif kind is not None:
                 seen = pid in before_procs
-                started.append(self._start(pid, p, kind, prev if seen else None, sample, seen=seen))
-        self.prev = sample
+                base = prev if seen else None
+                t_pin = self.last_pin.get(pid, (None, None))[0]
+                if seen and t_pin is not None and abs(t_pin - prev.get("t", -1.0)) <= 1e-9 and self.prev2 is not None:
+                    # the pin returned at the last sample (the first that saw its thread outside),
+                    # and that sample already showed this work: it began in the interval before it
+                    earlier = _proc(self.prev2, pid)
+                    if earlier and _kind(before_procs[pid], earlier, prev["t"] - self.prev2["t"], self.page) == kind:
+                        base = self.prev2
+                started.append(self._start(pid, p, kind, base, sample, seen=seen))
+        self.prev2, self.prev = self.prev, sample
         return started, ended
 
     def _start(self, pid: int, p: dict, kind: str, base: dict | None, sample: dict, seen: bool) -> LoadPhase:
