@@ -152,7 +152,8 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
             started, ended = book.update(s)
             for ph in ended:
                 tr = next((tr for p, tr in book.closed if p is ph), None)
-                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None)
+                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None,
+                               ph.kind)
             lstarted, _ = load.update(s, pinning={p for p, _ in book.open}) if opts.until == "quiet" else ([], [])
             prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "watch"}
