@@ -854,3 +854,27 @@ def test_a_swapped_register_replays_h200():
     assert 97.5 <= reg.pct <= 99.0 and reg.size_from == "--size", reg.pct
     assert "not a pin" not in w.verdict and "(catalog 1)" in w.verdict
     _check_end(result, w, ended_at)
+
+
+def test_a_pinned_allocation_is_never_bound_by_the_reads_after_it():
+    """The H200's cold-file pin_memory() timeline fed to one tracker through the sample after the
+    copy began, as the watch of the day did (the phase ran on a sample): file-read then outnumbers
+    the allocation's zeroing, but a hostalloc's bound is never its copy's; and where nothing else
+    was seen, its words say a file was read while the driver allocated, not the register's
+    "private mapping" (constructed: one PhaseResult with that bound)."""
+    from diag.watch.render import phase_verdict
+    from diag.watch.result import PhaseResult
+    _, samples = _recorded(FIXTURES / "h200-watch-pin-memory-file")
+    samples = _carried(samples)
+    tr = Tracker(pids={561}, tids={561})
+    tr.begin(samples[1], seen_start=False)  # where the watch of the day began it
+    for s in samples[2:5]:  # 1.026 .. 2.026 s: the allocation ended by 1.526, the copy was reading
+        tr.update(s, in_call=True)
+    assert tr.bound_counts == {"fault-in/zeroing": 1, "file-read": 2}, tr.bound_counts
+    assert tr.summary()["bound"] == "file-read"
+    assert tr.summary(not_bounds=("swap-in", "file-read"))["bound"] == "fault-in/zeroing"
+    r = PhaseResult(pid=561, tid=561, comm="python3", kind="hostalloc", started_s=0.0, seen_start=True,
+                    outcome="completed", seconds=1.5, bound="file-read", figures={"read_bytes": 288 << 20,
+                                                                                  "seconds": 1.5})
+    text = phase_verdict(r)
+    assert "read a file while the driver allocated" in text and "private mapping" not in text, text

@@ -122,7 +122,8 @@ def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float 
     if kind == "hostalloc" and bound in ("swap-in", "file-read"):
         # a cudaHostAlloc allocates fresh pages: it reads no file and brings nothing back from swap
         what = "read a file" if bound == "file-read" else "read memory back from swap"
-        return f"the process {what} while the driver allocated (a cudaHostAlloc reads neither: another thread's work)"
+        return (f"the process {what} while the driver allocated (a cudaHostAlloc reads neither: another thread's "
+                "work, or the copy's after it)")
     if bound == "fault-in/zeroing" and kind == "hostalloc" and shmem_at_end:
         before = f.get("shmem_at_start_bytes") or 0
         return (f"the driver allocated and zeroed {format_bytes(max(0, shmem_at_end - before))} after hostpin attached "

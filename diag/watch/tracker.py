@@ -157,7 +157,8 @@ class Tracker:
         """Take back the bounds counted from samples at or after `t`, where the phase returned:
         the sample that first saw the thread outside the pin was counted while the pin was still
         open (its end needs two such samples), and its stack is whatever came next (a copy's file
-        read after a pinned allocation). Kept when nothing else would be left."""
+        read after a pinned allocation). Kept when nothing else would be left (so the first bound,
+        counted before them, stays)."""
         late = [x for x in self._counted if x[0] >= t - 1e-9]
         if not late or len(late) >= sum(self.bound_counts.values()):
             return
@@ -170,8 +171,6 @@ class Tracker:
                 if seen is c:
                     del kept[i]
                     break
-            if self.first_bound is c:
-                self.first_bound = self.first_bound_at = None
         self._counted = [x for x in self._counted if x[0] < t - 1e-9]
 
     @property
