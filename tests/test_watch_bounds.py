@@ -878,3 +878,19 @@ def test_a_pinned_allocation_is_never_bound_by_the_reads_after_it():
                                                                                   "seconds": 1.5})
     text = phase_verdict(r)
     assert "read a file while the driver allocated" in text and "private mapping" not in text, text
+
+
+def test_shared_memory_read_back_from_swap_is_named_replays_ci():
+    """Recorded on the CI machine (tests/fixtures/ci-watch-load-shmem-swap): 128 MiB of MAP_SHARED
+    memory read back from swap at 16 MB/s (8.34 s by the target's clock; pswpin 32,738 pages)
+    between two mlocks too quick for a sample. The copy is one phase, bound swap-in, and says how
+    much came back from its RssShmem: the live watch said "read 0 B back from swap" (shared
+    memory's swap is not in VmSwap)."""
+    result, w, ended_at = _replay_watch(FIXTURES / "ci-watch-load-shmem-swap")
+    assert "read 0 B back from swap" in result["verdict"]  # what it said then
+    (copy,) = w.phases
+    assert (copy.kind, copy.pin, copy.bound, copy.catalog, copy.outcome) == ("copy-from-swap", False, "swap-in", 19,
+                                                                            "completed")
+    assert 8.0 <= copy.seconds <= 9.5, copy.seconds  # the target read for 8.34 s; the phase is known to a sample
+    assert "read 128 MiB of its shared memory back from swap" in w.verdict and "0 B" not in w.verdict, w.verdict
+    _check_end(result, w, ended_at)  # no pin left open: quiet, exit 0

@@ -181,6 +181,9 @@ def load_verdict(ph: PhaseResult) -> str:
     who = f"pid {ph.pid}" + (f" ({one_line(ph.comm)})" if ph.comm else "")  # any user names its process
     f = ph.figures or {}
     done, doing = _LOAD_DONE.get(ph.kind or "", ("was busy with memory", "busy with memory"))
+    if ph.kind == "copy-from-swap" and not f.get("swapped_in_bytes") and (f.get("shmem_growth_bytes") or 0) > 0:
+        # shared memory (MAP_SHARED, /dev/shm, memfd) comes back from swap outside VmSwap: its RssShmem grows
+        done = f"read {format_bytes(f['shmem_growth_bytes'])} of its shared memory back from swap (its RssShmem)"
     done = done.format(swapped=format_bytes(f.get("swapped_in_bytes") or 0), read=format_bytes(f.get("read_bytes") or 0),
                        grown=format_bytes(max(0, f.get("resident_growth_bytes") or 0)))
     why = f"bound {ph.bound}" if ph.bound else "bound unknown"
