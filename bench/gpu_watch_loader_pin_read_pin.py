@@ -66,7 +66,8 @@ def target(cpu: bool, pin_bytes: int, read_bytes: int, joins: list[str]) -> int:
     for procs in joins:
         Path(procs).write_text("0")
     if cpu:
-        bufs = [mmap.mmap(-1, n) for n in (pin_bytes, read_bytes, pin_bytes)]
+        # private, as a tensor's memory is (mmap.mmap(-1, n) alone maps MAP_SHARED: shared memory, not in VmSwap)
+        bufs = [mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for n in (pin_bytes, read_bytes, pin_bytes)]
         for m in bufs:
             for off in range(0, len(m), 64 * MiB):
                 m[off:off + min(64 * MiB, len(m) - off)] = b"\x5a" * min(64 * MiB, len(m) - off)
