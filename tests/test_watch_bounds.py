@@ -637,16 +637,36 @@ def test_the_pid_heartbeat_uses_the_nodes_page_size(capsys):
     assert time_ok == ""  # within --heartbeat of the last line: none yet, whatever the phase's own clock says
 
 
+def _carried(samples):
+    """A recorded timeline as the live watch saw it: the writer keeps a thread's frames only when
+    they changed (diag/watch/timeline.py), so a thread whose stack was read (its line has wchan)
+    and has no frames had its last ones."""
+    last, out = {}, []
+    for s in samples:
+        procs = {}
+        for pid, p in (s.get("procs") or {}).items():
+            threads = {}
+            for tid, th in (p.get("threads") or {}).items():
+                if "frames" in th:
+                    last[(pid, tid)] = th["frames"]
+                elif "wchan" in th and (pid, tid) in last:
+                    th = dict(th, frames=last[(pid, tid)])
+                threads[tid] = th
+            procs[pid] = dict(p, threads=threads)
+        out.append(dict(s, procs=procs))
+    return out
+
+
 def _replay_load(samples, size_bytes=None):
     """A recorded `watch --pid` timeline fed step by step through the pin book and the load book,
     as diag.watch.attach does."""
     from diag.watch.load import LoadBook
     book, load = PhaseBook(size_bytes), LoadBook()
-    for s in samples:
+    for s in _carried(samples):
         _, ended = book.update(s)
         for ph in ended:
             tr = next(tr for p, tr in book.closed if p is ph)
-            load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr.expected else None)
+            load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr.expected else None, ph.kind)
         load.update(s, pinning={p for p, _ in book.open})
     return sorted(book.results() + load.results(), key=lambda r: r.started_s)
 
@@ -719,8 +739,158 @@ def test_a_copy_running_between_its_faults_ends_the_pin_replays_ci():
                and any(th.get("syscall") == "running" for p in s["procs"].values() for th in p["threads"].values())]
     assert len(running) >= 10
     pin, copy = _replay_load(samples)
-    # the live watch said mlock 9.0 s, copy 13.0 s (the replay starts the copy a sample later: the
-    # timeline keeps a thread's frames only when they change)
+    # the live watch said mlock 9.0 s, copy 13.0 s (the replay carries a thread's frames where the
+    # timeline left them out as unchanged, as the live watch had them)
     assert pin.kind == "mlock" and 8.5 <= pin.seconds <= 9.75, pin.seconds
-    assert copy.kind == "copy-from-swap" and 11.5 <= copy.seconds <= 14.0, copy.seconds
+    assert copy.kind == "copy-from-swap" and 12.5 <= copy.seconds <= 13.5, copy.seconds
     assert copy.figures["swapped_in_bytes"] >= 160 << 20
+
+
+# -- the H200's whole torch loads (bench/gpu_watch_whole_load.sh, 2026-12-01) ----------------------
+
+def _replay_watch(run, size_bytes=None, quiet_after=5.0):
+    """A recorded `watch --pid` (--until quiet) replayed step by step as diag.watch.attach runs it:
+    the pin book, the load book, the quiet end and the outcome with its exit code."""
+    from diag.watch.attach import watch_outcome
+    from diag.watch.load import LoadBook
+    from diag.watch.render import watch_verdict
+    from diag.watch.result import WatchResult
+    result, samples = _recorded(run)
+    book, load = PhaseBook(size_bytes), LoadBook()
+    quiet_since, ended_at = 0.0, None
+    for s in _carried(samples):
+        started, ended = book.update(s)
+        for ph in ended:
+            tr = next(tr for p, tr in book.closed if p is ph)
+            load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr.expected else None, ph.kind)
+        lstarted, _ = load.update(s, pinning={p for p, _ in book.open})
+        if book.open or load.open or started or lstarted:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = s["t"]
+        if quiet_since is not None and s["t"] - quiet_since >= quiet_after:
+            ended_at = s["t"]
+            break
+    w = WatchResult(mode="pid", pid=result["pid"], name=result["name"], size_bytes=size_bytes, until="quiet",
+                    quiet_after_s=quiet_after, ended_by="quiet" if ended_at is not None else "exited")
+    w.phases = sorted(book.results() + load.results(), key=lambda r: r.started_s)
+    w.outcome, w.exit_code = watch_outcome(w.ended_by, w.phases)
+    w.verdict = watch_verdict(w)
+    return result, w, ended_at
+
+
+def _check_end(result, w, ended_at):
+    """The replay ends where the live watch did: quiet 5 s after the last phase, exit 0."""
+    assert (result["ended_by"], result["exit_code"]) == ("quiet", 0)  # what the live watch said
+    # (watched_s is read after the last sample, when the result is written)
+    assert ended_at is not None and 0 <= result["watched_s"] - ended_at <= 1.0, (ended_at, result["watched_s"])
+    assert (w.outcome, w.exit_code) == ("completed", 0)
+    last = max(w.phases, key=lambda p: p.started_s + p.seconds)
+    assert 5.0 <= ended_at - (last.started_s + last.seconds) <= 5.5
+    assert w.verdict.endswith("Quiet for 5.00 s after that: the load is over."), w.verdict
+
+
+def test_pin_memory_of_a_swapped_tensor_replays_h200():
+    """Tensor.pin_memory() of 16 GiB with 3 GiB in swap read at 48 MB/s, watched from 3 s in (the
+    target's clock: 71.7 s; 2.7 GiB back from swap, pswpin 710,288 pages). Two phases: the
+    pinned allocation (a pin, the driver's zeroing, catalog 2) and the copy's swap-in (no pin,
+    catalog 19) with its ETA at 20% within 10% of its end. Durations: the returns are known to a
+    sample (0.5 s); the live watch said 6.5 s and 61.5 s; the two add up to the call's 71.7 s less
+    the 3 s before the attach within 1 s."""
+    result, w, ended_at = _replay_watch(FIXTURES / "h200-watch-pin-memory-swap")
+    assert [(p["kind"], p["pin"]) for p in result["phases"]] == [("hostalloc", True), ("copy-from-swap", False)]
+    pin, copy = w.phases
+    assert (pin.kind, pin.pin, pin.bound, pin.catalog, pin.outcome) == ("hostalloc", True, "fault-in/zeroing", 2,
+                                                                       "completed")
+    assert (copy.kind, copy.pin, copy.bound, copy.catalog, copy.outcome) == ("copy-from-swap", False, "swap-in", 19,
+                                                                            "completed")
+    assert not pin.seen_start and copy.seen_start
+    assert 6.5 <= pin.seconds <= 7.05 and 61.0 <= copy.seconds <= 62.0, (pin.seconds, copy.seconds)
+    assert abs(copy.started_s + copy.seconds - (71.687 - 3.0)) <= 1.0
+    assert copy.eta_at_20pct is not None and abs(copy.eta_error) <= 0.10, copy.eta_error
+    assert 2.6 * GiB <= copy.figures["swapped_in_bytes"] <= 2.75 * GiB  # 710,288 pages are 2.71 GiB
+    pin_text, copy_text = w.verdict.split(" Then ")
+    assert "not a pin" in copy_text and "not a pin" not in pin_text
+    # the 16 GiB were seen as they were: 4.7 GiB already there at the attach, the rest allocated after it
+    assert "after hostpin attached" in pin_text and "16 GiB at the return" in pin_text, pin_text
+    _check_end(result, w, ended_at)
+
+
+def test_pin_memory_of_a_cold_file_replays_h200_and_the_alloc_reads_no_file():
+    """Tensor.pin_memory() of a 4 GiB tensor from a file with no page cache (reads at 200 MB/s),
+    watched from 0.5 s in: the pinned allocation, then the copy reading the file (file-read, no
+    pin, catalog 19). The live watch said the allocation was "bound file-read ... the pages were
+    read from their file on disk during the pin; a private mapping's pages are then copied": the
+    copy's first read (288 MiB) and its user-space fault showed in the sample where the
+    allocation had just ended. A cudaHostAlloc reads no file: that read is the copy's, which reads
+    the tensor's 4 GiB (read_bytes +4,096 MiB over the watch)."""
+    result, w, ended_at = _replay_watch(FIXTURES / "h200-watch-pin-memory-file")
+    assert result["phases"][0]["bound"] == "file-read"  # what the live watch said
+    pin, read = w.phases
+    assert (pin.kind, pin.pin, pin.bound, pin.catalog, pin.outcome) == ("hostalloc", True, "fault-in/zeroing", 2,
+                                                                       "completed"), (pin.bound, pin.bound_counts)
+    assert "file-read" not in pin.bound_counts and not pin.figures["read_bytes"], (pin.bound_counts, pin.figures)
+    assert (read.kind, read.pin, read.bound, read.catalog, read.outcome) == ("file-read", False, "file-read", 19,
+                                                                            "completed")
+    # the allocation ended at the sample that first saw the thread in the copy's fault (1.526 s)
+    assert abs(pin.started_s + pin.seconds - 1.526) <= 0.01 and 1.0 <= pin.seconds <= 1.55, pin.seconds
+    assert 21.5 <= read.seconds <= 23.0 and read.figures["read_bytes"] == 4 * GiB, (read.seconds, read.figures)
+    pin_text, read_text = w.verdict.split(" Then ")
+    assert "file on disk" not in pin_text and "private mapping" not in pin_text, pin_text
+    assert "the driver allocated and zeroed" in pin_text and "not a pin" in read_text
+    assert "read 4 GiB from disk" in read_text, read_text
+    _check_end(result, w, ended_at)
+
+
+def test_a_swapped_register_replays_h200():
+    """torch's cudaHostRegister of 16 GiB with 3 GiB in swap, watched with --size from 3 s in (the
+    target's clock: 61.2 s; 296 MiB stayed in swap, memory the register did not read). One phase:
+    the register, bound swap-in, catalog 1, done 98% of --size; no load phase after it (the
+    process only waited for its parent then)."""
+    result, w, ended_at = _replay_watch(FIXTURES / "h200-watch-register-swap", size_bytes=16 * GiB)
+    (reg,) = w.phases
+    assert (reg.kind, reg.pin, reg.bound, reg.catalog, reg.outcome) == ("register", True, "swap-in", 1, "completed")
+    assert 57.5 <= reg.seconds <= 58.5 and abs(reg.started_s + reg.seconds - (61.238 - 3.0)) <= 1.0, reg.seconds
+    assert 97.5 <= reg.pct <= 99.0 and reg.size_from == "--size", reg.pct
+    assert "not a pin" not in w.verdict and "(catalog 1)" in w.verdict
+    _check_end(result, w, ended_at)
+
+
+def test_a_pinned_allocation_is_never_bound_by_the_reads_after_it():
+    """The H200's cold-file pin_memory() timeline fed to one tracker through the sample after the
+    copy began, as the watch of the day did (the phase ran on a sample): file-read then outnumbers
+    the allocation's zeroing, but a hostalloc's bound is never its copy's; and where nothing else
+    was seen, its words say a file was read while the driver allocated, not the register's
+    "private mapping" (constructed: one PhaseResult with that bound)."""
+    from diag.watch.render import phase_verdict
+    from diag.watch.result import PhaseResult
+    _, samples = _recorded(FIXTURES / "h200-watch-pin-memory-file")
+    samples = _carried(samples)
+    tr = Tracker(pids={561}, tids={561})
+    tr.begin(samples[1], seen_start=False)  # where the watch of the day began it
+    for s in samples[2:5]:  # 1.026 .. 2.026 s: the allocation ended by 1.526, the copy was reading
+        tr.update(s, in_call=True)
+    assert tr.bound_counts == {"fault-in/zeroing": 1, "file-read": 2}, tr.bound_counts
+    assert tr.summary()["bound"] == "file-read"
+    assert tr.summary(not_bounds=("swap-in", "file-read"))["bound"] == "fault-in/zeroing"
+    r = PhaseResult(pid=561, tid=561, comm="python3", kind="hostalloc", started_s=0.0, seen_start=True,
+                    outcome="completed", seconds=1.5, bound="file-read", figures={"read_bytes": 288 << 20,
+                                                                                  "seconds": 1.5})
+    text = phase_verdict(r)
+    assert "read a file while the driver allocated" in text and "private mapping" not in text, text
+
+
+def test_shared_memory_read_back_from_swap_is_named_replays_ci():
+    """Recorded on the CI machine (tests/fixtures/ci-watch-load-shmem-swap): 128 MiB of MAP_SHARED
+    memory read back from swap at 16 MB/s (8.34 s by the target's clock; pswpin 32,738 pages)
+    between two mlocks too quick for a sample. The copy is one phase, bound swap-in, and says how
+    much came back from its RssShmem: the live watch said "read 0 B back from swap" (shared
+    memory's swap is not in VmSwap)."""
+    result, w, ended_at = _replay_watch(FIXTURES / "ci-watch-load-shmem-swap")
+    assert "read 0 B back from swap" in result["verdict"]  # what it said then
+    (copy,) = w.phases
+    assert (copy.kind, copy.pin, copy.bound, copy.catalog, copy.outcome) == ("copy-from-swap", False, "swap-in", 19,
+                                                                            "completed")
+    assert 8.0 <= copy.seconds <= 9.5, copy.seconds  # the target read for 8.34 s; the phase is known to a sample
+    assert "read 128 MiB of its shared memory back from swap" in w.verdict and "0 B" not in w.verdict, w.verdict
+    _check_end(result, w, ended_at)  # no pin left open: quiet, exit 0

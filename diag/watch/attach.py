@@ -28,7 +28,7 @@ from .sampler import Sampler
 from .timeline import TimelineWriter, write_stacks
 from .traced import finish_trace, start_trace
 
-__all__ = ["WatchOptions", "watch_pid", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded"]
+__all__ = ["WatchOptions", "watch_pid", "watch_outcome", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded"]
 
 # --quiet-after's default: ten samples at the default interval, and 2.5 times the 2 s window
 # that rates are measured over. A loader's step between tensors (open the next file, parse a
@@ -152,7 +152,8 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
             started, ended = book.update(s)
             for ph in ended:
                 tr = next((tr for p, tr in book.closed if p is ph), None)
-                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None)
+                load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None,
+                               ph.kind)
             lstarted, _ = load.update(s, pinning={p for p, _ in book.open}) if opts.until == "quiet" else ([], [])
             prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "watch"}
@@ -190,19 +191,25 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
     result.ended_by = {"completed": "pin"}.get(outcome, outcome)
     result.outcome = outcome
     finish_result(result, book, sampler, clock, samples, load)
-    if not result.phases:
+    result.outcome, exit_code = watch_outcome(outcome, result.phases)
+    result.verdict = watch_verdict(result)
+    finish_trace(tracer, result)  # after the verdict: it quotes the main phase's budget
+    result.exit_code = exit_code
+    return result
+
+
+def watch_outcome(ended_by: str, phases: list) -> tuple[str, int]:
+    """(outcome, exit code) of a --pid watch from what ended it and its phases (pure)."""
+    outcome = ended_by
+    if not phases:
         outcome = "no-pin" if outcome != "interrupted" else outcome
     elif outcome in ("exited", "quiet"):
         # the process went quiet or exited: the load ended; how its pins ended says how it went
-        pins = [p.outcome for p in result.phases if p.pin]
+        pins = [p.outcome for p in phases if p.pin]
         outcome = ("unknown" if "unknown" in pins else "exited" if any(o in ("exited", "open") for o in pins)
                    else "completed")
-    result.outcome = outcome
-    result.verdict = watch_verdict(result)
-    finish_trace(tracer, result)  # after the verdict: it quotes the main phase's budget
-    result.exit_code = {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED,
-                        "unknown": EXIT_UNEVALUATED}.get(outcome, EXIT_FAIL)
-    return result
+    return outcome, {"completed": EXIT_OK, "interrupted": EXIT_INTERRUPTED,
+                     "unknown": EXIT_UNEVALUATED}.get(outcome, EXIT_FAIL)
 
 
 def load_progress(load: LoadBook) -> dict | None:

@@ -39,6 +39,8 @@ class PhaseBook:
                 if sample["t"] <= ph.ended_t + 1e-9:
                     entry[1].update(sample, in_call=False)
                 entry[1].end({"t": ph.ended_t})
+                if ph.end_reason == "returned":
+                    entry[1].drop_from(ph.ended_t)
                 hist = self.history.pop((ph.pid, ph.tid), [])
                 ph.at_return = next((p for t, p in reversed(hist) if t <= ph.ended_t + 1e-9), None)
                 self.closed.append(entry)
@@ -46,7 +48,10 @@ class PhaseBook:
             size = self.size_bytes or ph.size_hint
             tr = Tracker(size_bytes=size, page=self.page, pids={ph.pid}, tids={ph.tid}, window_s=self.window_s)
             seen = ph.seen_start and self.prev is not None
-            tr.begin(self.prev if seen else sample, seen_start=seen)
+            # an allocation seen from the thread's times began by the sample before (its phase starts
+            # there): seen at the attach, its time and figures count from the attach, not a sample later
+            before = self.prev is not None and ph.started_t <= self.prev["t"] + 1e-9
+            tr.begin(self.prev if seen or before else sample, seen_start=seen)
             self.open[(ph.pid, ph.tid)] = (ph, tr)
         for ph, tr in self.open.values():
             if tr.expected is None and ph.size_hint:  # mlock's length, read after the phase was first seen
@@ -79,8 +84,12 @@ class PhaseBook:
         return sorted(out, key=lambda r: r.started_s)
 
 
+# a cudaHostAlloc allocates fresh pages: swap-in or a file read seen at its end is the copy's after it
+_NOT_ITS_BOUND = {"hostalloc": ("swap-in", "file-read")}
+
+
 def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_s: float = 0.5) -> PhaseResult:
-    s = tr.summary()
+    s = tr.summary(not_bounds=_NOT_ITS_BOUND.get(ph.kind or "", ()))
     p = tr.progress
     at_return = ph.at_return
     if at_return is not None and ph.end_reason == "returned" and at_return.get("pinned_pages") is not None:

@@ -16,7 +16,10 @@ pins a process may still be stuck on memory in its own page faults, and these ph
     alloc           its resident memory grows without a pin (and without swap-in or file reads):
                     pages allocated and zeroed in its own faults; catalog 2. No total.
 
-A phase starts at the first sample that shows its work and ends at the first of two quiet
+A phase starts at the sample before the first one that shows its work (for a swap-in or file read
+that already showed in the sample where a pinned allocation returned, the sample before that one:
+the allocation returned and the copy began in the same interval, which both phases then count)
+and ends at the first of two quiet
 samples in a row, when a pin phase starts in the process (a pin is followed by the pin's
 own tracker), when another kind of work goes on for two samples, or when the process ends.
 Samples are read by diag.watch.sampler; the rules, bounds and ETAs are the pin's
@@ -46,6 +49,7 @@ WORDS = {"copy-from-swap": "swap-in in the process's own faults, not a pin",
 CATALOG = {"copy-from-swap": 19, "file-read": 19, "alloc": 2}
 _BASIS = {"copy-from-swap": "swap", "file-read": "read", "alloc": "resident"}
 _STACK_KIND = {"swap-in": "copy-from-swap", "file-read": "file-read"}
+_NOT_ALLOCS = ("copy-from-swap", "file-read")  # work a pinned allocation never does itself
 
 
 @dataclass
@@ -103,11 +107,14 @@ class LoadBook:
         self.open: dict[int, tuple[LoadPhase, Tracker]] = {}
         self.closed: list[tuple[LoadPhase, Tracker]] = []
         self.prev: dict | None = None
+        self.prev2: dict | None = None  # the sample before prev
         self.last_pin: dict[int, tuple[float, int | None]] = {}  # pid: (when its last pin ended, its bytes)
+        self.last_pin_kind: dict[int, str | None] = {}
         self.dropped: list[LoadPhase] = []  # begun just before a pin was named: the pin's own start
 
-    def pin_ended(self, pid: int, t: float, size_bytes: int | None) -> None:
+    def pin_ended(self, pid: int, t: float, size_bytes: int | None, kind: str | None = None) -> None:
         self.last_pin[pid] = (t, size_bytes)
+        self.last_pin_kind[pid] = kind
 
     def update(self, sample: dict, pinning: set[int] = frozenset()) -> tuple[list[LoadPhase], list[LoadPhase]]:
         """(phases that started, phases that ended) with this sample; `pinning`: the processes
@@ -161,8 +168,19 @@ class LoadBook:
                 tr.update(sample, in_call=True)
             elif kind is not None:
                 seen = pid in before_procs
-                started.append(self._start(pid, p, kind, prev if seen else None, sample, seen=seen))
-        self.prev = sample
+                base = prev if seen else None
+                t_pin = self.last_pin.get(pid, (None, None))[0]
+                if (seen and kind in _NOT_ALLOCS and self.last_pin_kind.get(pid) == "hostalloc" and t_pin is not None
+                        and abs(t_pin - prev.get("t", -1.0)) <= 1e-9 and self.prev2 is not None):
+                    # a pinned allocation returned at the last sample (the first that saw its thread
+                    # outside), and that sample already showed a swap-in or a file read, which an
+                    # allocation does not do: this work began in the interval before it (a pin that
+                    # reads swap or a file itself, an mlock, did some of that interval's reading)
+                    earlier = _proc(self.prev2, pid)
+                    if earlier and _kind(before_procs[pid], earlier, prev["t"] - self.prev2["t"], self.page) == kind:
+                        base = self.prev2
+                started.append(self._start(pid, p, kind, base, sample, seen=seen))
+        self.prev2, self.prev = self.prev, sample
         return started, ended
 
     def _start(self, pid: int, p: dict, kind: str, base: dict | None, sample: dict, seen: bool) -> LoadPhase:

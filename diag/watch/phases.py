@@ -109,14 +109,20 @@ def _verdict(th: dict, shares: tuple[float, float] | None = None, allocating: bo
         return True
     if undoing:
         return False  # freeing or unpinning what it pinned: the pin has returned
-    if call in PIN_CALLS or allocating:
+    if call in PIN_CALLS:
+        return True
+    if frames and any(normalize(f.split(" [", 1)[0]) in _USER_FAULT for f in frames):
+        # a page fault taken in user space (a copy reading swapped memory or its file), not
+        # get_user_pages: the stack is now, the counters are the interval before it, in which an
+        # allocation may have ended (H200, Tensor.pin_memory() of a cold file: RssShmem grew to
+        # its 4 GiB and the copy's first 288 MiB were read between the same two samples)
+        return False
+    if allocating:
         return True
     if shares is not None and th.get("state") == "R" and shares[1] >= 0.5:
         return False  # running in user space: whatever it pinned has returned
     if frames is not None and th.get("state") in ("S", "I", "T", "t"):
         return False  # (a zombie or dying thread is not "outside": it is gone, see PhaseDetector.update)
-    if frames and any(normalize(f.split(" [", 1)[0]) in _USER_FAULT for f in frames):
-        return False  # a page fault taken in user space (a copy reading swapped memory), not get_user_pages
     if call not in (None, "running", "ioctl"):
         return False
     return None

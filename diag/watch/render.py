@@ -113,11 +113,21 @@ def heartbeat_line(pid: int, prog: dict[str, Any], page: int = 4096) -> str:
 
 
 def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float | None = None,
-                   kind: str | None = None) -> str | None:
+                   kind: str | None = None, shmem_at_end: int | None = None) -> str | None:
     """What the bound means for a pin, with the process's own figures (Tracker.figures); `kind`:
-    the pin's (only a hostalloc's zeroing is the driver's)."""
+    the pin's (only a hostalloc's zeroing is the driver's); `shmem_at_end`: the process's RssShmem
+    when a hostalloc seen from the attach returned (the figures then count from the attach)."""
     f = figures or {}
     secs = f.get("seconds") or 0
+    if kind == "hostalloc" and bound in ("swap-in", "file-read"):
+        # a cudaHostAlloc allocates fresh pages: it reads no file and brings nothing back from swap
+        what = "read a file" if bound == "file-read" else "read memory back from swap"
+        return (f"the process {what} while the driver allocated (a cudaHostAlloc reads neither: another thread's "
+                "work, or the copy's after it)")
+    if bound == "fault-in/zeroing" and kind == "hostalloc" and shmem_at_end:
+        before = f.get("shmem_at_start_bytes") or 0
+        return (f"the driver allocated and zeroed {format_bytes(max(0, shmem_at_end - before))} after hostpin attached "
+                f"(its RssShmem: {format_bytes(before)} at the attach, {format_bytes(shmem_at_end)} at the return)")
     if bound == "swap-in":
         if not f.get("swapped_in_bytes") and f.get("system_swapin_pages"):  # shared memory: not in VmSwap
             return (f"its shared memory came back from swap (RssShmem +{format_bytes(f.get('shmem_growth_bytes'))}; "
@@ -171,6 +181,9 @@ def load_verdict(ph: PhaseResult) -> str:
     who = f"pid {ph.pid}" + (f" ({one_line(ph.comm)})" if ph.comm else "")  # any user names its process
     f = ph.figures or {}
     done, doing = _LOAD_DONE.get(ph.kind or "", ("was busy with memory", "busy with memory"))
+    if ph.kind == "copy-from-swap" and not f.get("swapped_in_bytes") and (f.get("shmem_growth_bytes") or 0) > 0:
+        # shared memory (MAP_SHARED, /dev/shm, memfd) comes back from swap outside VmSwap: its RssShmem grows
+        done = f"read {format_bytes(f['shmem_growth_bytes'])} of its shared memory back from swap (its RssShmem)"
     done = done.format(swapped=format_bytes(f.get("swapped_in_bytes") or 0), read=format_bytes(f.get("read_bytes") or 0),
                        grown=format_bytes(max(0, f.get("resident_growth_bytes") or 0)))
     why = f"bound {ph.bound}" if ph.bound else "bound unknown"
@@ -201,7 +214,9 @@ def phase_verdict(ph: PhaseResult, page: int = 4096) -> str:
     if ph.outcome == "completed":
         since = "" if ph.seen_start else " after hostpin attached"
         head = f"{who} pinned {size or 'its region'} in {format_duration(ph.seconds)}{since}"
-        cause = cause_sentence(ph.bound, ph.figures, ph.rate_pages_s, ph.kind)
+        at_end = (ph.pinned_pages * page if not ph.seen_start and ph.progress_basis == "shmem" and ph.pinned_pages
+                  else None)  # seen from the attach, progress counts all of its RssShmem
+        cause = cause_sentence(ph.bound, ph.figures, ph.rate_pages_s, ph.kind, at_end)
         text = f"{head}, {why}" + (f": {cause}" if cause else "")
     elif ph.outcome == "unknown":
         where = f" at {ph.pct:.0f}%" + (f" of {size}" if size else "") if ph.pct is not None else ""

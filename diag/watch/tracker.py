@@ -110,6 +110,7 @@ class Tracker:
         self.bound_seen: dict[str, list[dict]] = {}  # the classifications that named each bound
         self.first_bound: dict | None = None
         self.first_bound_at: float | None = None
+        self._counted: list[tuple[float, str, dict]] = []  # the last classifications counted: (t, bound, it)
         self.eta_at_20: dict | None = None
         self.eta_first: dict | None = None  # the first ETA given, with or without a known total
         self.shared: list[str] = []
@@ -151,6 +152,26 @@ class Tracker:
 
     def end(self, sample: dict) -> None:
         self.t_end = sample["t"]
+
+    def drop_from(self, t: float) -> None:
+        """Take back the bounds counted from samples at or after `t`, where the phase returned:
+        the sample that first saw the thread outside the pin was counted while the pin was still
+        open (its end needs two such samples), and its stack is whatever came next (a copy's file
+        read after a pinned allocation). Kept when nothing else would be left (so the first bound,
+        counted before them, stays)."""
+        late = [x for x in self._counted if x[0] >= t - 1e-9]
+        if not late or len(late) >= sum(self.bound_counts.values()):
+            return
+        for _, bound, c in late:
+            self.bound_counts[bound] -= 1
+            if not self.bound_counts[bound]:
+                del self.bound_counts[bound]
+            kept = self.bound_seen.get(bound) or []
+            for i, seen in enumerate(kept):
+                if seen is c:
+                    del kept[i]
+                    break
+        self._counted = [x for x in self._counted if x[0] < t - 1e-9]
 
     @property
     def elapsed(self) -> float | None:
@@ -271,6 +292,8 @@ class Tracker:
             self.bound_counts[c["bound"]] = self.bound_counts.get(c["bound"], 0) + 1
             kept = self.bound_seen.setdefault(c["bound"], [])
             kept.append(c)
+            self._counted.append((t, c["bound"], c))
+            del self._counted[:-8]
             if len(kept) > 200:  # a long phase: keep every other one, evenly over the phase
                 del kept[::2]
             if self.first_bound is None:
@@ -307,8 +330,10 @@ class Tracker:
         return 0.0 if self.last_progress_t is None else t - self.last_progress_t
 
     # -- the end -----------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        bound = max(self.bound_counts, key=self.bound_counts.get) if self.bound_counts else None
+    def summary(self, not_bounds: tuple[str, ...] = ()) -> dict[str, Any]:
+        """`not_bounds`: bounds that cannot be this kind of phase's own (named only if nothing else was seen)."""
+        counts = {b: n for b, n in self.bound_counts.items() if b not in not_bounds} or self.bound_counts
+        bound = max(counts, key=counts.get) if counts else None
         seen = self.bound_seen.get(bound) if bound else None
         named = seen[len(seen) // 2] if seen else None  # the middle of the phase speaks for it
         stack = ((named or {}).get("evidence") or {}).get("stack") or {}
@@ -365,5 +390,6 @@ class Tracker:
                 "swapin_pages_s": round(swapped_in / self.page / dt, 1), "system_swapin_pages": sys_swapin,
                 "system_swapin_pages_s": round(sys_swapin / dt, 1), "read_bytes": d("read_bytes"),
                 "resident_growth_bytes": d("vm_rss"), "shmem_growth_bytes": d("rss_shmem"),
+                "shmem_at_start_bytes": targets_sum(first, "rss_shmem", self.pids),
                 "faults": d("minflt") + d("majflt"), "major_faults": d("majflt"),
                 "pins_outstanding_delta": _pins(last) - _pins(first), "seconds": round(dt, 3)}
