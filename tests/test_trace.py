@@ -202,6 +202,10 @@ def test_swap_bound_mlock_budget_is_io(tmp_path):
     traces = [e for e in manifest if e.get("kind") == "trace"]
     assert sorted(e["path"] for e in traces) == ["trace/devices.txt", "trace/threads.txt"]
     assert all(e["size"] == (run / e["path"]).stat().st_size for e in traces)
+    # the devices' instance keeps reads only (the swap-out's writes overran a CPU's ring on the H200)
+    kinds = {e.args["rwbs"][:1] for e in parse_text((run / "trace" / "devices.txt").read_text())
+             if e.name.startswith("block_rq")}
+    assert kinds == {"R"}, kinds
     assert _ours() == before
     rep = hostpin("report", str(run), "--format", "text")
     assert rep.returncode == 0, rep.stderr

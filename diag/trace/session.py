@@ -212,7 +212,9 @@ class Tracer:
         for d in devs:
             major, minor = (int(x) for x in d.split(":"))
             terms.append(f"dev == {(major << 20) | minor}")
-        return " || ".join(terms)
+        # reads only: a swap-out's writes (262,144 completions for 1 GiB, on the CPU that takes the
+        # interrupts) overran that CPU's ring on the H200 and took the reads' completions with them
+        return f"({' || '.join(terms)}) && rwbs ~ \"R*\""
 
     def _set_device_filter(self) -> None:
         for e in DEVICE_EVENTS:
