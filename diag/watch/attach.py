@@ -154,7 +154,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
                 tr = next((tr for p, tr in book.closed if p is ph), None)
                 load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None,
                                ph.kind)
-            lstarted, _ = load.update(s, pinning={p for p, _ in book.open}) if opts.until == "quiet" else ([], [])
+            lstarted, _ = load.update(s, pinning=book.pinning()) if opts.until == "quiet" else ([], [])
             prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "watch"}
             writer.write(s, keep={tid for tids in book.active_tids().values() for tid in tids})

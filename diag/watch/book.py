@@ -70,6 +70,14 @@ class PhaseBook:
             out.setdefault(pid, set()).add(tid)
         return out
 
+    def pinning(self) -> dict[int, Phase]:
+        """Each process with a pin phase open now: its earliest open phase (LoadBook.update's `pinning`)."""
+        out: dict[int, Phase] = {}
+        for (pid, _), (ph, _) in self.open.items():
+            if pid not in out or ph.started_t < out[pid].started_t:
+                out[pid] = ph
+        return out
+
     def progress(self) -> dict[str, Any] | None:
         """The progress of the longest open phase, for the progress line and the timeline."""
         if not self.open:

@@ -148,7 +148,7 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
             for ph in ended:
                 tr = next((tr for p, tr in book.closed if p is ph), None)
                 load.pin_ended(ph.pid, ph.ended_t, tr.expected * tr.page if tr is not None and tr.expected else None)
-            lstarted, lended = load.update(s, pinning={p for p, _ in book.open})
+            lstarted, lended = load.update(s, pinning=book.pinning())
             prog = book.progress() or load_progress(load)
             s["progress"] = prog or {"phase": "run"}
             if book.open or load.open or started or ended or lstarted or lended or t - last_line >= IDLE_EVERY_S:

@@ -20,8 +20,10 @@ A phase starts at the sample before the first one that shows its work (for a swa
 that already showed in the sample where a pinned allocation returned, the sample before that one:
 the allocation returned and the copy began in the same interval, which both phases then count)
 and ends at the first of two quiet
-samples in a row, when a pin phase starts in the process (a pin is followed by the pin's
-own tracker), when another kind of work goes on for two samples, or when the process ends.
+samples in a row, when a pin phase starts in the process (where the pin began; a pin is followed
+by the pin's own tracker), when another kind of work goes on for two samples, or when the process
+ends. A phase of three samples or fewer that a pin follows was that pin's start and is dropped,
+unless it read swap or a file and the pin is a pinned allocation, which does neither.
 Samples are read by diag.watch.sampler; the rules, bounds and ETAs are the pin's
 (diag.watch.tracker, diag.watch.bounds).
 """
@@ -118,7 +120,8 @@ class LoadBook:
 
     def update(self, sample: dict, pinning: set[int] = frozenset()) -> tuple[list[LoadPhase], list[LoadPhase]]:
         """(phases that started, phases that ended) with this sample; `pinning`: the processes
-        with a pin phase open now (their work is the pin's)."""
+        with a pin phase open now (their work is the pin's), as a set of pids or as
+        PhaseBook.pinning() (pid: its open pin phase, whose kind and start end a load phase)."""
         started: list[LoadPhase] = []
         ended: list[LoadPhase] = []
         procs = {int(pid): p for pid, p in (sample.get("procs") or {}).items() if alive(p)}
@@ -133,14 +136,18 @@ class LoadBook:
             if pid in pinning or _in_pin(p):
                 if entry is not None:
                     ph, tr = entry
-                    if len(tr.samples) <= QUIET_SAMPLES + 1 and ph.seen_start:
+                    pin = pinning.get(pid) if isinstance(pinning, dict) else None
+                    # a pinned allocation reads no swap and no file: reads before it are no part of it
+                    not_its = ph.kind in _NOT_ALLOCS and getattr(pin, "kind", None) == "hostalloc"
+                    if len(tr.samples) <= QUIET_SAMPLES + 1 and ph.seen_start and not not_its:
                         # a thread running in the kernel shows no stack and no call: the first
                         # samples of a pin can look like the process's own swap-in until one
                         # names the pin; those were the pin's start, not a phase of their own
                         self.open.pop(pid)
                         self.dropped.append(ph)
-                    else:
-                        ended.append(self._close(pid, sample["t"], "pin", sample))
+                    else:  # it ends where the pin began (an allocation seen from counters: the sample before)
+                        t_pin = min(sample["t"], getattr(pin, "started_t", sample["t"]))
+                        ended.append(self._close(pid, max(ph.started_t, t_pin), "pin", sample))
                 continue
             kind = _kind(p, before_procs.get(pid), dt, self.page)
             if entry is not None:
