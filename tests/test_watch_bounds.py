@@ -907,6 +907,14 @@ def test_a_loader_that_pins_reads_and_pins_again_replays_h200():
     assert not pin1.figures["read_bytes"] and not pin1.figures["swapped_in_bytes"]  # an allocation reads nothing
     texts = w.verdict.split(" Then ")
     assert len(texts) == 4 and [("not a pin" in t) for t in texts] == [True, False, True, False], w.verdict
+    # both allocations began after hostpin attached (1.66 s before go), between two samples: the
+    # live watch said "after hostpin attached (its RssShmem: 2 GiB at the attach ...)" of pin2,
+    # begun 50 s after the attach
+    for text, ph in ((texts[1], pin1), (texts[3], pin2)):
+        assert not ph.seen_start and "attach" not in text and f"at {ph.started_s:.1f} s, where" in text, text
+        assert not any("before hostpin attached" in n for n in ph.notes), ph.notes
+        assert any("between two samples" in n for n in ph.notes), ph.notes
+    assert "the driver allocated and zeroed 2 GiB (its RssShmem: 2 GiB at 50.0 s, where" in texts[3], texts[3]
     # each step beside the target's own clock: pin1 is the reads and the allocation, then the copy,
     # then pin2, each within about 1 s of its step's start and end
     off, steps = _steps_on_the_watch_clock(run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .phases import Phase, PhaseDetector, alive
-from .result import PhaseResult
+from .result import BEFORE_ATTACH, PhaseResult
 from .tracker import Tracker, judged
 
 __all__ = ["PhaseBook"]
@@ -21,11 +21,14 @@ class PhaseBook:
         self.open: dict[tuple[int, int], tuple[Phase, Tracker]] = {}
         self.closed: list[tuple[Phase, Tracker]] = []
         self.prev: dict | None = None
+        self.first_t: float | None = None  # the watch's first sample: a phase begun at it was going on at the attach
         # each phase's last few (t, progress): a phase ends at the first sample seen outside, and
         # what follows may already be its undo (cudaFreeHost, unregister) taking the pages back
         self.history: dict[tuple[int, int], list[tuple[float, dict]]] = {}
 
     def update(self, sample: dict) -> tuple[list[Phase], list[Phase]]:
+        if self.first_t is None:
+            self.first_t = sample["t"]
         procs = sample.get("procs") or {}
         if not all(alive(p) for p in procs.values()):  # a zombie's figures are no progress (VmSwap reads 0)
             sample = dict(sample, procs={pid: p for pid, p in procs.items() if alive(p)},
@@ -88,7 +91,8 @@ class PhaseBook:
     def results(self) -> list[PhaseResult]:
         out = []
         for ph, tr in self.closed + list(self.open.values()):
-            out.append(_result(ph, tr, self.size_bytes, self.page, self.interval_s))
+            at_attach = self.first_t is None or ph.started_t <= self.first_t + 1e-9
+            out.append(_result(ph, tr, self.size_bytes, self.page, self.interval_s, at_attach))
         return sorted(out, key=lambda r: r.started_s)
 
 
@@ -96,7 +100,8 @@ class PhaseBook:
 _NOT_ITS_BOUND = {"hostalloc": ("swap-in", "file-read")}
 
 
-def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_s: float = 0.5) -> PhaseResult:
+def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_s: float = 0.5,
+            at_attach: bool = True) -> PhaseResult:
     s = tr.summary(not_bounds=_NOT_ITS_BOUND.get(ph.kind or "", ()))
     p = tr.progress
     at_return = ph.at_return
@@ -141,7 +146,11 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_
     if inferred:
         r.notes.append("the process exited right after its pages were all in: the return is inferred from 100% done")
     if not ph.seen_start:
-        r.notes.append("the pin had begun before hostpin attached: its time counts from the attach"
+        # an allocation seen from counters needs a whole interval in the kernel: one that began inside
+        # an interval of other work is first seen a sample later, its start between two samples
+        r.notes.append((f"{BEFORE_ATTACH}: its time counts from the attach" if at_attach else
+                        f"its start fell between two samples after hostpin attached: its time counts from "
+                        f"{ph.started_t:.1f} s")
                        + ("; progress counts all of the process's memory of that kind" if tr.basis in
                           ("resident", "shmem") else ""))
     if outcome == "completed" and size and r.pct is not None and r.pct < 90:

@@ -113,10 +113,12 @@ def heartbeat_line(pid: int, prog: dict[str, Any], page: int = 4096) -> str:
 
 
 def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float | None = None,
-                   kind: str | None = None, shmem_at_end: int | None = None) -> str | None:
+                   kind: str | None = None, shmem_at_end: int | None = None,
+                   from_s: float | None = None) -> str | None:
     """What the bound means for a pin, with the process's own figures (Tracker.figures); `kind`:
     the pin's (only a hostalloc's zeroing is the driver's); `shmem_at_end`: the process's RssShmem
-    when a hostalloc seen from the attach returned (the figures then count from the attach)."""
+    when a hostalloc whose start was not seen returned (the figures then count from the attach, or
+    from `from_s`, the sample its phase starts at, for one begun between two later samples)."""
     f = figures or {}
     secs = f.get("seconds") or 0
     if kind == "hostalloc" and bound in ("swap-in", "file-read"):
@@ -126,6 +128,10 @@ def cause_sentence(bound: str | None, figures: dict | None, rate_pages_s: float 
                 "work, or the copy's after it)")
     if bound == "fault-in/zeroing" and kind == "hostalloc" and shmem_at_end:
         before = f.get("shmem_at_start_bytes") or 0
+        if from_s is not None:
+            return (f"the driver allocated and zeroed {format_bytes(max(0, shmem_at_end - before))} (its RssShmem: "
+                    f"{format_bytes(before)} at {from_s:.1f} s, where the phase starts, {format_bytes(shmem_at_end)} "
+                    "at the return)")
         return (f"the driver allocated and zeroed {format_bytes(max(0, shmem_at_end - before))} after hostpin attached "
                 f"(its RssShmem: {format_bytes(before)} at the attach, {format_bytes(shmem_at_end)} at the return)")
     if bound == "swap-in":
@@ -212,11 +218,13 @@ def phase_verdict(ph: PhaseResult, page: int = 4096) -> str:
     if ph.bound_reason:
         why += f" ({ph.bound_reason})"
     if ph.outcome == "completed":
-        since = "" if ph.seen_start else " after hostpin attached"
+        attached = ph.began_before_attach()
+        since = " after hostpin attached" if attached else ""
         head = f"{who} pinned {size or 'its region'} in {format_duration(ph.seconds)}{since}"
         at_end = (ph.pinned_pages * page if not ph.seen_start and ph.progress_basis == "shmem" and ph.pinned_pages
-                  else None)  # seen from the attach, progress counts all of its RssShmem
-        cause = cause_sentence(ph.bound, ph.figures, ph.rate_pages_s, ph.kind, at_end)
+                  else None)  # its start not seen, progress counts all of its RssShmem
+        cause = cause_sentence(ph.bound, ph.figures, ph.rate_pages_s, ph.kind, at_end,
+                               None if attached else ph.started_s)
         text = f"{head}, {why}" + (f": {cause}" if cause else "")
     elif ph.outcome == "unknown":
         where = f" at {ph.pct:.0f}%" + (f" of {size}" if size else "") if ph.pct is not None else ""

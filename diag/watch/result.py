@@ -7,7 +7,10 @@ from typing import Any, ClassVar
 
 from ..resultbase import Result
 
-__all__ = ["WatchResult", "PhaseResult", "OUTCOMES", "LOAD_KINDS"]
+__all__ = ["WatchResult", "PhaseResult", "OUTCOMES", "LOAD_KINDS", "BEFORE_ATTACH"]
+
+# the note of a pin phase that was going on at the attach (one begun between two later samples has another)
+BEFORE_ATTACH = "the pin had begun before hostpin attached"
 
 # completed: the pin returned while watched; deadline: still pinning at --deadline; exited: the
 # process (or the thread) ended inside the pin; no-pin: no pin phase was seen; gone: nothing to
@@ -26,7 +29,8 @@ class PhaseResult:
     comm: str | None
     kind: str | None                   # a pin: register, hostalloc, mlock, populate, or None; not a pin: LOAD_KINDS
     started_s: float                   # since watching began
-    seen_start: bool                   # False: it was already pinning when hostpin attached
+    seen_start: bool                   # False: its start was not seen (already pinning when hostpin attached,
+                                       # or an allocation first seen from counters between two samples)
     outcome: str                       # completed, open (still going), exited, unknown
     seconds: float | None = None       # as watched: from the start (or the attach) to the return
     size_bytes: int | None = None
@@ -55,6 +59,10 @@ class PhaseResult:
     pin: bool = True                   # False: the load around a pin (a copy from swap, a file read, an allocation)
     words: str | None = None           # what a phase that is no pin is, in words
     time_budget: dict | None = None    # --trace: diag.trace.budget (causes, explained, events, dropped, io)
+
+    def began_before_attach(self) -> bool:
+        """A pin that was going on when hostpin attached (not one whose start fell between two samples)."""
+        return not self.seen_start and any(n.startswith(BEFORE_ATTACH) for n in self.notes)
 
 
 @dataclass
