@@ -8,7 +8,8 @@ pins a process may still be stuck on memory in its own page faults, and these ph
     copy-from-swap  its VmSwap falls (or a thread waits in do_swap_page): swap-in in the
                     process's own faults, not a pin; catalog 19 (the load goes on after the pin),
                     by the mechanism of 1 (swap-in stall). Progress: the pages of its VmSwap at
-                    the start brought back; ETA: the pages still in VmSwap at its swap-in rate.
+                    the start brought back; ETA: the pages still in swap of the VMAs it drains
+                    (diag.watch.regions; the whole VmSwap without smaps readings) at its swap-in rate.
     file-read       its read_bytes rise beyond what swap-in explains (or a thread waits in
                     filemap_fault): a file read in its own faults or reads; catalog 19. Progress:
                     bytes read; its total is the pin before it (the copy into a pinned buffer
@@ -236,8 +237,10 @@ def _result(ph: LoadPhase, tr: Tracker) -> PhaseResult:
         r.eta_first_error = judged(r.eta_first, r.seconds, r.bound)
     if ph.kind == "copy-from-swap" and (p.get("swap_pages_left") or 0) > 0 and outcome == "completed":
         left = p["swap_pages_left"] * tr.page
+        counted = "its ETA did not count it (the region's swap, from smaps)" if "of the region" in str(
+            (r.eta_first or {}).get("basis")) else "its ETA counted it: at most that late"
         r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after this copy: memory "
-                       "it did not touch (its ETA counted it: at most that late)")
+                       f"it did not touch ({counted})")
     if not ph.seen_start:
         r.notes.append(f"the {ph.kind} was going on when hostpin attached: its time counts from the attach")
     return r
