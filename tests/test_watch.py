@@ -524,3 +524,50 @@ def test_json_file_is_atomic_and_never_follows_a_link(tmp_path):
     for cmd in (["preflight"], ["snapshot"], ["bundle"], ["compare"], ["repro", "register"], ["repro", "staging"],
                 ["repro", "cleanup"], ["watch"]):
         assert "--json-file" in hostpin(*cmd, "--help").stdout, cmd
+
+
+@needs_node
+def test_watch_eta_counts_the_swap_of_the_region_not_all_of_vmswap(node, tmp_path):
+    """A process hostpin did not start keeps 64 MiB of its memory in swap that no phase reads (as
+    a torch process keeps its own and CUDA's), faults 128 MiB of swapped memory in with
+    MADV_POPULATE_READ (a pin-path call whose length hostpin does not read, like the driver's
+    register without --size), then reads 96 MiB of its swapped memory in user space; swap-in at
+    16 MB/s. Counted from the whole VmSwap, the populate's first ETA was +50% late and the copy's
+    +67%; from the region's swap (smaps: the VMAs being drained) each is within 10% at its first
+    ETA and at 20% of its work, and its basis names the region."""
+    cg, start = node
+    target = start("--size", "128MiB", "--swap-out", "128MiB", "--method", "populate", "--then-read", "96MiB",
+                   "--keep-swapped", "64MiB", "--guard")  # three VMAs (smaps tells VMAs apart, not pages)
+    swapped = int(target.expect("paged").split()[1])
+    _swap_out_and_throttle(cg)
+    watch = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+    time.sleep(1.0)  # attached and sampling before the populate starts
+    target.say("go")
+    pinned = float(target.expect("pinned").split()[1])
+    read_s = float(target.expect("read").split()[1])
+    out, err = watch.communicate(timeout=90)
+    target.say("quit")
+    assert target.proc.wait(timeout=30) == 0
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    res = json.loads(out)
+    assert swapped >= 270 << 20 and 5 < pinned < 25 and 4 < read_s < 20, (swapped, pinned, read_s)
+    kinds = [(p["kind"], p["bound"], p["outcome"]) for p in res["phases"]]
+    assert kinds == [("populate", "swap-in", "completed"), ("copy-from-swap", "swap-in", "completed")], kinds
+    for ph in res["phases"]:
+        first, at20 = ph["eta_first"], ph["eta_at_20pct"]
+        assert first is not None and at20 is not None, (ph["kind"], first, at20)
+        assert "of the region still in swap (smaps" in first["basis"], first
+        assert abs(ph["eta_first_error"]) <= 0.10 and abs(ph["eta_error"]) <= 0.10, (ph["kind"], first, at20,
+                                                                                    ph["seconds"])
+        assert 20.0 <= at20["work_pct"] < 50.0, at20
+    # outside each phase's region: what it did not read (the populate: the copy's 96 MiB and the 64 MiB
+    # no phase reads; the copy: those 64 MiB), which its ETA did not count
+    pin, copy = res["phases"]
+    assert (155 << 20) <= pin["figures"]["swap_outside_region_bytes"] <= (166 << 20), pin["figures"]
+    assert (60 << 20) <= copy["figures"]["swap_outside_region_bytes"] <= (68 << 20), copy["figures"]
+    assert any("did not count it" in n for n in copy["notes"]), copy["notes"]
+    # the per-region swap is in the timeline, for a replay
+    lines = [json.loads(line) for line in (Path(res["run_dir"]) / "timeline.jsonl").read_text().splitlines()]
+    readings = [p["smaps_swap"] for s in lines for p in s["procs"].values() if "vmas" in p.get("smaps_swap", {})]
+    assert len(readings) >= 4 and all(r["ms"] < 100 for r in readings), [r.get("ms") for r in readings]
+    assert res["watcher"]["smaps_reads"] == len(readings)

@@ -339,6 +339,10 @@ def estimate_eta(window: list[dict], done_pages: int | None, expected_pages: int
     # shared memory's swap is not in VmSwap: its pages count below, as pages left at the pin's rate
     swapin, rate_from = swapin_rate(sig, page)
     out["swapin_pages_s"] = swapin
+    if swap_of and swap_left_pages == 0:  # the region's swap is all back: what VmSwap still holds is not its
+        out["eta_s"] = 0.0
+        out["eta_basis"] = f"0 pages of the region still in swap ({swap_of})"
+        return out
     if swap_left_pages and swapin and swapin > 0:
         left = swap_left_pages if expected_pages is None or done_pages is None else \
             min(swap_left_pages, max(0, expected_pages - done_pages))

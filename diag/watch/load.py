@@ -17,8 +17,8 @@ pins a process may still be stuck on memory in its own page faults, and these ph
     alloc           its resident memory grows without a pin (and without swap-in or file reads):
                     pages allocated and zeroed in its own faults; catalog 2. No total.
 
-A phase starts at the first sample that shows its work and ends at the first of two quiet
-samples in a row, when a pin phase starts in the process (a pin is followed by the pin's
+A phase starts at the first sample that shows its work and ends at the last sample that showed
+it, once two quiet samples in a row follow; when a pin phase starts in the process (a pin is followed by the pin's
 own tracker), when another kind of work goes on for two samples, or when the process ends.
 Samples are read by diag.watch.sampler; the rules, bounds and ETAs are the pin's
 (diag.watch.tracker, diag.watch.bounds).
@@ -142,7 +142,9 @@ class LoadBook:
                 if kind is None:
                     ph._other, ph._other_since, ph._other_base = 0, None, None
                     ph._quiet += 1
-                    ph._quiet_since = ph._quiet_since if ph._quiet_since is not None else sample["t"]
+                    # the work ended by the last sample that showed it (the one before this): the first
+                    # quiet sample is one interval late, 8% of a 6 s copy at 0.5 s
+                    ph._quiet_since = ph._quiet_since if ph._quiet_since is not None else prev.get("t", sample["t"])
                     if ph._quiet >= QUIET_SAMPLES:
                         ended.append(self._close(pid, ph._quiet_since, "quiet", sample))
                         continue
@@ -237,7 +239,7 @@ def _result(ph: LoadPhase, tr: Tracker) -> PhaseResult:
         r.eta_first_error = judged(r.eta_first, r.seconds, r.bound)
     if ph.kind == "copy-from-swap" and (p.get("swap_pages_left") or 0) > 0 and outcome == "completed":
         left = p["swap_pages_left"] * tr.page
-        counted = "its ETA did not count it (the region's swap, from smaps)" if "of the region" in str(
+        counted = "its ETA did not count it: the region's swap, from smaps" if "of the region" in str(
             (r.eta_first or {}).get("basis")) else "its ETA counted it: at most that late"
         r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after this copy: memory "
                        f"it did not touch ({counted})")
