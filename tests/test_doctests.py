@@ -7,7 +7,8 @@ import pytest
 MODULES = ["diag.units", "diag.meminfo", "diag.vmstat", "diag.buddyinfo", "diag.zoneinfo", "diag.swap",
            "diag.psi", "diag.kernel", "diag.thp", "diag.limits", "diag.cgroup", "diag.nvidia", "diag.process",
            "repro.staging", "diag.parsing", "diag.pagesize", "diag.catalog", "diag.gpuprocs", "diag.memacct", "diag.torchalloc",
-           "diag.trace.parse", "diag.trace.budget", "diag.trace.tracefs", "diag.trace.session", "diag.watch.traced"]
+           "diag.trace.parse", "diag.trace.budget", "diag.trace.tracefs", "diag.trace.session", "diag.watch.traced",
+           "diag.watch.regions"]
 
 
 @pytest.mark.parametrize("name", MODULES)

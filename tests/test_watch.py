@@ -395,14 +395,20 @@ def test_watch_a_process_that_does_not_pin(tmp_path):
 
 
 def test_the_sampler_never_reads_what_takes_the_mmap_lock():
-    """Every path the sampler opens on a live multi-threaded process, seen by an audit hook."""
+    """Every path the sampler opens on a live multi-threaded process, seen by an audit hook; smaps
+    (which takes the mmap lock a pin holds) only when a process's per-VMA swap is asked for, and
+    then only in the reader's own thread."""
     from diag.watch.sampler import Sampler
     opened: list[str] = []
+    by: list[str] = []
     active = [True]
+
+    import threading
 
     def hook(event, args):
         if active[0] and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             opened.append(os.fsdecode(args[0]))
+            by.append(threading.current_thread().name)
 
     sys.addaudithook(hook)
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
@@ -413,15 +419,52 @@ def test_the_sampler_never_reads_what_takes_the_mmap_lock():
         sampler = Sampler()
         for i in range(3):
             s = sampler.sample(i * 0.5, [child.pid], {child.pid: {child.pid}})
+        plain = len(opened)
+        for i in range(3, 6):
+            r = sampler.sample(i * 0.5, [child.pid], {child.pid: {child.pid}}, regions={child.pid: True})
+            reading = reading if i > 3 else r["procs"][child.pid].get("smaps_swap")
     finally:
         active[0] = False
         child.kill()
         child.wait()
     assert len(s["procs"][child.pid]["threads"]) == 4
+    asked = [(p, who) for p, who in zip(opened[plain:], by[plain:]) if p.endswith("/smaps")]
+    assert asked and {who for _, who in asked} == {"hostpin-smaps"}, asked
+    assert reading is not None and reading["vma_count"] > 10 and r["regions"] == "smaps", reading
+    del opened[plain:]
     mine = [p for p in opened if f"/{child.pid}/" in p]
     assert any(p.endswith("/status") for p in mine) and any(p.endswith("/stat") for p in mine)
     assert not [p for p in mine if p.rsplit("/", 1)[1] in ("maps", "smaps", "smaps_rollup", "cmdline", "environ",
                                                            "mem", "pagemap", "numa_maps")]
+
+
+def test_a_smaps_read_that_does_not_return_never_holds_the_sampler(monkeypatch):
+    """The edge case, faked: a read of smaps queued behind the mmap lock a pin holds (the driver's
+    register holds it for the whole call; a writer waiting in another thread queues every reader
+    behind it). The sample goes on within the wait (50 ms), says how long the read has waited, and
+    starts no second read; the reading lands in the sample after it returns."""
+    from diag.watch import smaps as smaps_mod
+    from diag.watch.sampler import Sampler
+    release = __import__("threading").Event()
+    real = smaps_mod.read_bounded
+
+    def stuck(path, limit):
+        if str(path).endswith("/smaps"):
+            release.wait(10)
+        return real(path, limit)
+
+    monkeypatch.setattr(smaps_mod, "read_bounded", stuck)
+    sampler, pid = Sampler(), os.getpid()
+    t0 = time.monotonic()
+    first = sampler.sample(0.0, [pid], regions={pid: True})
+    second = sampler.sample(0.6, [pid], regions={pid: True})
+    took = time.monotonic() - t0
+    assert took < 0.5 and "smaps_swap" not in first["procs"][pid], took
+    assert second["procs"][pid]["smaps_swap"] == {"waiting_s": 0.6} and len(sampler.smaps.reads) == 1
+    release.set()
+    sampler.smaps.reads[pid].done.wait(5)
+    third = sampler.sample(1.2, [pid], regions={pid: True})
+    assert third["procs"][pid]["smaps_swap"]["t"] == 0.0 and "vmas" in third["procs"][pid]["smaps_swap"]
 
 
 @needs_node

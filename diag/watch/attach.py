@@ -115,13 +115,15 @@ def finish_result(result: WatchResult, book: PhaseBook, sampler: Sampler, clock:
 
 def region_wants(book: PhaseBook, load: LoadBook | None, first: Iterable[int] = ()) -> dict[int, bool]:
     """The processes whose per-VMA swap the next sample reads (diag.watch.smaps): those with a
-    phase open, each with whether one of its phases still waits for its region; `first`: the
-    processes read once at the start (the baseline a draining VMA is seen against)."""
+    phase open that swap-in bounds (the only ETA the region's swap makes), each with whether one of
+    its phases still waits for its region; `first`: the processes read once at the start (the
+    baseline a draining VMA is seen against). A pin that reads no swap costs no read."""
     out = {int(pid): False for pid in first}
     entries = list(book.open.values()) + (list(load.open.values()) if load is not None else [])
     for ph, tr in entries:
-        waits = tr.region is not None and not tr.region.known
-        out[int(ph.pid)] = out.get(int(ph.pid), False) or waits
+        if tr.region is None or (tr.progress.get("bound") != "swap-in" and ph.kind != "copy-from-swap"):
+            continue
+        out[int(ph.pid)] = out.get(int(ph.pid), False) or not tr.region.known
     return out
 
 

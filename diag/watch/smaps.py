@@ -89,8 +89,8 @@ class SmapsSwap:
                 job.done.wait(WAIT_MS / 1000)
         if job is None:
             return None
-        if not job.done.is_set():
-            return {"waiting_s": round(t - job.t, 3)}
+        if not job.done.is_set():  # not back within the wait: later samples say how long it has waited
+            return {"waiting_s": round(t - job.t, 3)} if t > job.t else None
         self.reads.pop(pid, None)
         if job.result is None:
             self.problems.setdefault(pid, job.why or "unreadable")
