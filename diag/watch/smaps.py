@@ -24,12 +24,13 @@ from .. import process
 from ..rootfs import read_bounded
 from .regions import parse_smaps_swap
 
-__all__ = ["SmapsSwap", "EVERY_S", "REREAD_S", "WAIT_MS", "LIMIT"]
+__all__ = ["SmapsSwap", "EVERY_S", "REREAD_S", "WAIT_MS", "LIMIT", "KEEP_VMAS"]
 
 EVERY_S = 5.0        # a process in a phase is read again this often ...
 REREAD_S = 0.9       # ... and this soon after the last read while a phase waits for its region (two samples)
 WAIT_MS = 50         # the sampler waits this long for a read it started
 LIMIT = 64 << 20     # smaps of a process with 50,000 VMAs is ~60 MiB
+KEEP_VMAS = 256      # a reading keeps the VMAs with the most swap (the rest summed): timelines stay small
 
 
 class _Read:
@@ -59,6 +60,10 @@ class _Read:
                 vmas, count = parsed
                 self.result = {"t": round(self.t, 3), "ms": round(ms, 2), "vm_swap": (before + after) // 2,
                                "vma_count": count, "vmas": vmas}
+                if len(vmas) > KEEP_VMAS:  # the timeline keeps the largest: a VMA with less is no region's bulk
+                    kept = sorted(sorted(vmas, key=lambda v: -v[2])[:KEEP_VMAS])
+                    self.result.update(vmas=kept, vmas_left_out=len(vmas) - len(kept),
+                                       swap_left_out_bytes=sum(v[2] for v in vmas) - sum(v[2] for v in kept))
         except OSError as exc:
             self.why = exc.strerror or str(exc)
         except Exception as exc:  # noqa: BLE001 - a reader thread must never take the watch down
