@@ -25,8 +25,8 @@ the swap-in rate only while the phase itself is bound by swap-in (a pinned alloc
 a copy from swap must not be predicted from the copy's swap), else the pages left at the
 phase's own progress rate. The pages in swap are the region's (diag.watch.regions: from the
 smaps readings in the samples), not the whole VmSwap, which also holds memory the phase never
-reads; a phase whose samples carry readings waits for its region up to regions.WAIT_S, and one
-without counts the whole VmSwap and says so. The swap-in rate is the process's own swap reads
+reads; a phase whose samples carry readings waits for its region up to regions.WAIT_S after
+swap-in first bound it, and one without counts the whole VmSwap and says so. The swap-in rate is the process's own swap reads
 (bounds.swapin_rate), not its VmSwap's fall, which readahead slows at first. The ETA "at 20%"
 is the first one given once 20% of the phase's own work is done: of the region's swap, else of
 the pages that were left when the phase was first seen (a pin attached at 82% of --size is at
@@ -131,6 +131,7 @@ class Tracker:
         self._bases: dict[str, int] = {}
         # the swap of the memory the phase reads (one process only: a tracker over a tree has none)
         self.region = RegionSwap(next(iter(self.pids)), self.tids) if self.pids and len(self.pids) == 1 else None
+        self._swapin_since: float | None = None  # the first sample that swap-in bounded
 
     # -- the phase ---------------------------------------------------------------------------
     def begin(self, sample: dict, seen_start: bool = True) -> None:
@@ -272,10 +273,12 @@ class Tracker:
         if self.region is not None:
             self.region.feed(sample)
             region_left = self.region.left_bytes(vm_swap)
-            first_t = (self._first_inside or sample)["t"]
+            if c["bound"] == "swap-in" and self._swapin_since is None:
+                self._swapin_since = t  # smaps is read for a phase that swap-in bounds: from then on
+            since = self._swapin_since if self._swapin_since is not None else t
             if region_left is not None:
                 eta_left, swap_of = region_left // self.page, self.region.words()
-            elif self.region.seen_readings and t - first_t < WAIT_S:
+            elif self.region.seen_readings and t - since < WAIT_S:
                 waiting = True  # the region is known after two readings: an ETA from VmSwap would be late
             elif self.region.seen_readings:
                 whole_why = f"the region's swap was not known {WAIT_S:g} s in"
