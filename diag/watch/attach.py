@@ -123,7 +123,7 @@ def region_wants(book: PhaseBook, load: LoadBook | None, first: Iterable[int] = 
     for ph, tr in entries:
         if tr.region is None or (tr.progress.get("bound") != "swap-in" and ph.kind != "copy-from-swap"):
             continue
-        out[int(ph.pid)] = out.get(int(ph.pid), False) or not tr.region.known
+        out[int(ph.pid)] = out.get(int(ph.pid), False) or tr.waits_for_region
     return out
 
 

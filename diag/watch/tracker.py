@@ -331,6 +331,14 @@ class Tracker:
             self.at_end = prog  # the first sample after the return: what the pin left (an undo may follow)
         return prog
 
+    @property
+    def waits_for_region(self) -> bool:
+        """Its region is not known yet and it still waits for it (diag.watch.smaps reads the process
+        sooner while it does; after WAIT_S of swap-in the ETA counts the whole VmSwap instead)."""
+        if self.region is None or self.region.known or not self.samples:
+            return False
+        return self._swapin_since is None or self.samples[-1]["t"] - self._swapin_since < WAIT_S
+
     def _read_ahead(self, sample: dict) -> int:
         """Pages read from swap since the phase's first sample that VmSwap has not lost yet (read
         ahead into the swap cache), at most the node's SwapCached (read_bytes counts file reads too)."""
