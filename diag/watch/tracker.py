@@ -26,8 +26,9 @@ a copy from swap must not be predicted from the copy's swap), else the pages lef
 phase's own progress rate. The pages in swap are the region's (diag.watch.regions: from the
 smaps readings in the samples), not the whole VmSwap, which also holds memory the phase never
 reads; a phase whose samples carry readings waits for its region up to regions.WAIT_S after
-swap-in first bound it, and one without counts the whole VmSwap and says so. The swap-in rate is the process's own swap reads
-(bounds.swapin_rate), not its VmSwap's fall, which readahead slows at first. The ETA "at 20%"
+swap-in first bound it, and one without counts the whole VmSwap and says so. The swap-in rate
+is the process's own swap reads (bounds.swapin_rate), not its VmSwap's fall, which readahead
+slows at first; pages read ahead are not counted again. The ETA "at 20%"
 is the first one given once 20% of the phase's own work is done: of the region's swap, else of
 the pages that were left when the phase was first seen (a pin attached at 82% of --size is at
 20% when a fifth of the other 18% is in).
