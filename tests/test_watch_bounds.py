@@ -841,3 +841,22 @@ def test_region_from_the_vmas_being_drained():
                       th))
     assert named.known and named.left_bytes(300 * MiB) == 50 * MiB and named.words() == "smaps, mlock's range"
     assert RegionSwap("7").left_bytes(1) is None
+
+
+def test_a_smaps_reading_keeps_the_largest_vmas_and_damage_is_no_reading(tmp_path, monkeypatch):
+    """Written smaps text (the edge cases, named): more swapped VMAs than a reading keeps (the
+    largest are kept, the rest summed), and smaps whose Swap lines do not match its VMAs (damaged
+    or cut) is an error in the sample, not a reading and not a crash."""
+    from diag.watch import smaps
+    monkeypatch.setattr(smaps, "KEEP_VMAS", 2)
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "smaps").write_text("".join(f"{0x1000 * i:x}-{0x1000 * (i + 1):x} rw-p 0 0:0 0\nSwap: {4 * i} kB\n"
+                                                  "VmFlags: rd\n" for i in range(1, 6)))
+    (tmp_path / "7" / "status").write_text("Name:\tx\nVmSwap:\t60 kB\n")
+    reader = smaps.SmapsSwap(str(tmp_path))
+    got = reader.poll(7, 0.0)
+    assert got["vmas"] == [[0x4000, 0x5000, 16 << 10], [0x5000, 0x6000, 20 << 10]] and got["vma_count"] == 5
+    assert got["vmas_left_out"] == 3 and got["swap_left_out_bytes"] == 24 << 10 and got["vm_swap"] == 60 << 10
+    assert reader.poll(7, 1.0) is None  # not due again before EVERY_S
+    (tmp_path / "7" / "smaps").write_text("1000-2000 rw-p 0 0:0 0\nSwap: 4 kB\nVmFlags: rd\n2000-3000 rw-p 0 0:0 0\n")
+    assert reader.poll(7, 0.95, urgent=True) == {"error": "smaps unreadable"} and reader.problems == {7: "smaps unreadable"}

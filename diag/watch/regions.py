@@ -34,7 +34,8 @@ _RANGE = re.compile(rb"([0-9a-f]+)-([0-9a-f]+) ")
 
 def parse_smaps_swap(text: bytes) -> tuple[list[list[int]], int] | None:
     """([[start, end, swap_bytes], ...] for the VMAs with swap, VMAs in all); None for text that is
-    not smaps (a VMA without its Swap or VmFlags line, a Swap line without its VMA). Only the
+    not smaps (a VMA without its Swap or VmFlags line, a Swap line without its VMA, text cut
+    inside a VMA). Only the
     VMAs with swap are looked at (a torch process has thousands of VMAs, 4 MB of smaps: a parse of
     every line took 160 ms on the CI machine): each block of smaps ends with its VmFlags line,
     so a VMA's range is the line after the VmFlags before its Swap line.
@@ -43,8 +44,9 @@ def parse_smaps_swap(text: bytes) -> tuple[list[list[int]], int] | None:
     ([[32512, 32528, 8192]], 2)
     """
     count = text.count(b"\nVmFlags:") + text.startswith(b"VmFlags:")
-    if count != text.count(b"\nSwap:"):
-        return None
+    last = text.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    if count != text.count(b"\nSwap:") or (text.strip() and not last.startswith(b"VmFlags:")):
+        return None  # damaged, or cut short (a read past LIMIT): a VMA without its last line
     out = []
     for m in _SWAP.finditer(text):
         flags = text.rfind(b"VmFlags:", 0, m.start())

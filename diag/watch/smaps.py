@@ -34,16 +34,16 @@ KEEP_VMAS = 256      # a reading keeps the VMAs with the most swap (the rest sum
 
 
 class _Read:
-    def __init__(self, path: str, status: str, t: float):
-        self.path, self.status, self.t = path, status, t
+    def __init__(self, proc: str, pid: int, t: float):
+        self.proc, self.pid, self.t = proc, pid, t
+        self.path = f"{proc}/{pid}/smaps"
         self.done = threading.Event()
         self.result: dict[str, Any] | None = None
         self.why: str | None = None
         threading.Thread(target=self._run, name="hostpin-smaps", daemon=True).start()
 
     def _swap(self) -> int | None:
-        text, _ = process._read(self.status)
-        st = process.parse_status(text) if text is not None else None
+        st = process.read_status(self.pid, proc=self.proc)
         return st.vm_swap_bytes if st is not None else None
 
     def _run(self) -> None:
@@ -88,8 +88,7 @@ class SmapsSwap:
         if job is None:
             last = self.last.get(pid)
             if last is None or t - last >= (REREAD_S if urgent else EVERY_S):
-                base = f"{self.proc}/{pid}"
-                job = self.reads[pid] = _Read(f"{base}/smaps", f"{base}/status", t)
+                job = self.reads[pid] = _Read(self.proc, pid, t)
                 self.last[pid] = t
                 job.done.wait(WAIT_MS / 1000)
         if job is None:
