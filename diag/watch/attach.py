@@ -121,8 +121,9 @@ def region_wants(book: PhaseBook, load: LoadBook | None, first: Iterable[int] = 
     out = {int(pid): False for pid in first}
     entries = list(book.open.values()) + (list(load.open.values()) if load is not None else [])
     for ph, tr in entries:
-        if tr.region is None or (tr.progress.get("bound") != "swap-in" and ph.kind != "copy-from-swap"):
-            continue
+        swapin = tr.progress.get("bound") == "swap-in" or ph.kind == "copy-from-swap"
+        if tr.region is None or (tr.progress and not swapin):
+            continue  # (a phase not updated yet, begun on this sample, may be swap-in: it is read)
         out[int(ph.pid)] = out.get(int(ph.pid), False) or tr.waits_for_region
     return out
 

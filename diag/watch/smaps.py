@@ -85,17 +85,23 @@ class SmapsSwap:
 
     def poll(self, pid: int, t: float, urgent: bool = False) -> dict[str, Any] | None:
         job = self.reads.get(pid)
+        if job is not None and job.done.is_set():  # one that came back since (it lands in this sample)
+            self.reads.pop(pid, None)
+            return self._landed(pid, job)
         if job is None:
             last = self.last.get(pid)
             if last is None or t - last >= (REREAD_S if urgent else EVERY_S):
                 job = self.reads[pid] = _Read(self.proc, pid, t)
                 self.last[pid] = t
-                job.done.wait(WAIT_MS / 1000)
+                if job.done.wait(WAIT_MS / 1000):
+                    self.reads.pop(pid, None)
+                    return self._landed(pid, job)
         if job is None:
             return None
-        if not job.done.is_set():  # not back within the wait: later samples say how long it has waited
-            return {"waiting_s": round(t - job.t, 3)} if t > job.t else None
-        self.reads.pop(pid, None)
+        # not back within the wait: later samples say how long it has waited
+        return {"waiting_s": round(t - job.t, 3)} if t > job.t else None
+
+    def _landed(self, pid: int, job: _Read) -> dict[str, Any]:
         if job.result is None:
             self.problems.setdefault(pid, job.why or "unreadable")
             return {"error": job.why}
