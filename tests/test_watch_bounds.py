@@ -786,7 +786,9 @@ def _check_end(result, w, ended_at):
     assert ended_at is not None and 0 <= result["watched_s"] - ended_at <= 1.0, (ended_at, result["watched_s"])
     assert (w.outcome, w.exit_code) == ("completed", 0)
     last = max(w.phases, key=lambda p: p.started_s + p.seconds)
-    assert 5.0 <= ended_at - (last.started_s + last.seconds) <= 5.5
+    # a load phase ends at the last sample that showed its work; the quiet clock starts at the first
+    # quiet sample after it, one interval (0.5 s) later
+    assert 5.0 <= ended_at - (last.started_s + last.seconds) <= 6.05
     assert w.verdict.endswith("Quiet for 5.00 s after that: the load is over."), w.verdict
 
 
@@ -807,7 +809,10 @@ def test_pin_memory_of_a_swapped_tensor_replays_h200():
     assert not pin.seen_start and copy.seen_start
     assert 6.5 <= pin.seconds <= 7.05 and 61.0 <= copy.seconds <= 62.0, (pin.seconds, copy.seconds)
     assert abs(copy.started_s + copy.seconds - (71.687 - 3.0)) <= 1.0
-    assert copy.eta_at_20pct is not None and abs(copy.eta_error) <= 0.10, copy.eta_error
+    # this timeline has no smaps readings (recorded before them): its ETA counts the whole VmSwap, of
+    # which 296 MiB stayed in swap (10.7% of the 2.7 GiB the copy read): late by about that share
+    assert copy.eta_at_20pct is not None and 0 <= copy.eta_error <= 0.12, copy.eta_error
+    assert "the whole VmSwap" in copy.eta_at_20pct["basis"], copy.eta_at_20pct
     assert 2.6 * GiB <= copy.figures["swapped_in_bytes"] <= 2.75 * GiB  # 710,288 pages are 2.71 GiB
     pin_text, copy_text = w.verdict.split(" Then ")
     assert "not a pin" in copy_text and "not a pin" not in pin_text
