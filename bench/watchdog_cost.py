@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from diag.evidence import RunDir  # noqa: E402
+from diag.watch.attach import region_wants  # noqa: E402
 from diag.watch.book import PhaseBook  # noqa: E402
 from diag.watch.sampler import Sampler  # noqa: E402
 from diag.watch.timeline import TimelineWriter  # noqa: E402
@@ -89,11 +90,13 @@ def main():
 
             run = RunDir(os.path.join(tmp, "watch"), "bench", durable=True)
             sampler, book, writer = Sampler(), PhaseBook(), TimelineWriter(run)
-            t0 = time.monotonic()
             pids = [p.pid for p in procs]
 
-            def watch_tick():
-                s = sampler.sample(time.monotonic() - t0, pids, book.active_tids())
+            ticks = [0]
+
+            def watch_tick():  # at the interval's clock: smaps is read by time (diag.watch.smaps)
+                ticks[0] += 1
+                s = sampler.sample(ticks[0] * o.interval, pids, book.active_tids(), region_wants(book, None))
                 book.update(s)
                 s["progress"] = book.progress() or {"phase": "run"}
                 writer.write(s, keep={t for tids in book.active_tids().values() for t in tids})

@@ -8,7 +8,7 @@ MODULES = ["diag.units", "diag.meminfo", "diag.vmstat", "diag.buddyinfo", "diag.
            "diag.psi", "diag.kernel", "diag.thp", "diag.limits", "diag.cgroup", "diag.nvidia", "diag.process",
            "repro.staging", "diag.parsing", "diag.pagesize", "diag.catalog", "diag.gpuprocs", "diag.memacct", "diag.torchalloc",
            "diag.trace.parse", "diag.trace.budget", "diag.trace.tracefs", "diag.trace.session", "diag.watch.traced",
-           "diag.placement"]
+           "diag.placement", "diag.watch.regions"]
 
 
 @pytest.mark.parametrize("name", MODULES)

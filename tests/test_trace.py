@@ -467,3 +467,33 @@ def test_a_required_tracepoint_missing_refuses_the_trace_and_leaves_nothing(tmp_
     assert start_trace(run, [os.getpid()], time.monotonic(), notes) is None
     assert notes == ["--trace: this kernel has no hostpin_none/no_such_event tracepoint; the bound is sampled only"]
     assert _ours() == before
+
+
+@live
+def test_past_the_cap_the_trace_keeps_its_start_and_its_last_bytes(tmp_path, monkeypatch):
+    """The raw trace is a head and a ring: with a cap of 4 KiB and a tail of 8 KiB (set small here),
+    a trace of this process's sleeps keeps its first 4 KiB in trace/threads.txt and its last lines in
+    trace/threads.tail.txt, after a line that counts the bytes between; both are in the manifest."""
+    from diag.cliopts import open_run
+    from diag.trace import session
+    monkeypatch.setattr(session, "TAIL_BYTES", 8 << 10)
+    run = open_run(tmp_path / "runs", "trace-test")
+    tracer = session.Tracer.start(run, [os.getpid()], time.monotonic(), cap_bytes=4 << 10)
+    try:
+        for _ in range(600):
+            time.sleep(0.001)
+    finally:
+        summary = tracer.stop()
+    run.finish({"ok": True})
+    head = (run.path / "trace" / "threads.txt").read_bytes()
+    tail = (run.path / "trace" / "threads.tail.txt").read_bytes()
+    assert len(head) == 4 << 10 and summary["raw_bytes"] > (4 << 10) + (8 << 10), summary["raw_bytes"]
+    first, rest = tail.split(b"\n", 1)
+    gap = int(first.split(b"the ")[2].split()[0])
+    assert first.startswith(b"# hostpin: the trace's last ") and len(rest) <= 8 << 10
+    threads_raw = summary["raw_bytes"] - (run.path / "trace" / "devices.txt").stat().st_size
+    assert len(head) + gap + len(rest) == threads_raw
+    assert b"sched_switch" in rest.splitlines()[0]  # it starts at a line
+    assert "trace/threads.tail.txt" in summary["files"]
+    manifest = json.loads((run.path / "manifest.json").read_text())
+    assert any(e["path"] == "trace/threads.tail.txt" and e["kind"] == "trace" for e in manifest["entries"])

@@ -395,14 +395,20 @@ def test_watch_a_process_that_does_not_pin(tmp_path):
 
 
 def test_the_sampler_never_reads_what_takes_the_mmap_lock():
-    """Every path the sampler opens on a live multi-threaded process, seen by an audit hook."""
+    """Every path the sampler opens on a live multi-threaded process, seen by an audit hook; smaps
+    (which takes the mmap lock a pin holds) only when a process's per-VMA swap is asked for, and
+    then only in the reader's own thread."""
     from diag.watch.sampler import Sampler
     opened: list[str] = []
+    by: list[str] = []
     active = [True]
+
+    import threading
 
     def hook(event, args):
         if active[0] and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
             opened.append(os.fsdecode(args[0]))
+            by.append(threading.current_thread().name)
 
     sys.addaudithook(hook)
     child = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
@@ -413,15 +419,52 @@ def test_the_sampler_never_reads_what_takes_the_mmap_lock():
         sampler = Sampler()
         for i in range(3):
             s = sampler.sample(i * 0.5, [child.pid], {child.pid: {child.pid}})
+        plain = len(opened)
+        for i in range(3, 6):
+            r = sampler.sample(i * 0.5, [child.pid], {child.pid: {child.pid}}, regions={child.pid: True})
+            reading = reading if i > 3 else r["procs"][child.pid].get("smaps_swap")
     finally:
         active[0] = False
         child.kill()
         child.wait()
     assert len(s["procs"][child.pid]["threads"]) == 4
+    asked = [(p, who) for p, who in zip(opened[plain:], by[plain:]) if p.endswith("/smaps")]
+    assert asked and {who for _, who in asked} == {"hostpin-smaps"}, asked
+    assert reading is not None and reading["vma_count"] > 10 and r["regions"] == "smaps", reading
+    del opened[plain:]
     mine = [p for p in opened if f"/{child.pid}/" in p]
     assert any(p.endswith("/status") for p in mine) and any(p.endswith("/stat") for p in mine)
     assert not [p for p in mine if p.rsplit("/", 1)[1] in ("maps", "smaps", "smaps_rollup", "cmdline", "environ",
                                                            "mem", "pagemap", "numa_maps")]
+
+
+def test_a_smaps_read_that_does_not_return_never_holds_the_sampler(monkeypatch):
+    """The edge case, faked: a read of smaps queued behind the mmap lock a pin holds (the driver's
+    register holds it for the whole call; a writer waiting in another thread queues every reader
+    behind it). The sample goes on within the wait (50 ms), says how long the read has waited, and
+    starts no second read; the reading lands in the sample after it returns."""
+    from diag.watch import smaps as smaps_mod
+    from diag.watch.sampler import Sampler
+    release = __import__("threading").Event()
+    real = smaps_mod.read_bounded
+
+    def stuck(path, limit):
+        if str(path).endswith("/smaps"):
+            release.wait(10)
+        return real(path, limit)
+
+    monkeypatch.setattr(smaps_mod, "read_bounded", stuck)
+    sampler, pid = Sampler(), os.getpid()
+    t0 = time.monotonic()
+    first = sampler.sample(0.0, [pid], regions={pid: True})
+    second = sampler.sample(0.6, [pid], regions={pid: True})
+    took = time.monotonic() - t0
+    assert took < 0.5 and "smaps_swap" not in first["procs"][pid], took
+    assert second["procs"][pid]["smaps_swap"] == {"waiting_s": 0.6} and len(sampler.smaps.reads) == 1
+    release.set()
+    sampler.smaps.reads[pid].done.wait(5)
+    third = sampler.sample(1.2, [pid], regions={pid: True})
+    assert third["procs"][pid]["smaps_swap"]["t"] == 0.0 and "vmas" in third["procs"][pid]["smaps_swap"]
 
 
 @needs_node
@@ -524,3 +567,51 @@ def test_json_file_is_atomic_and_never_follows_a_link(tmp_path):
     for cmd in (["preflight"], ["snapshot"], ["bundle"], ["compare"], ["repro", "register"], ["repro", "staging"],
                 ["repro", "cleanup"], ["watch"]):
         assert "--json-file" in hostpin(*cmd, "--help").stdout, cmd
+
+
+@needs_node
+def test_watch_eta_counts_the_swap_of_the_region_not_all_of_vmswap(node, tmp_path):
+    """A process hostpin did not start keeps 64 MiB of its memory in swap that no phase reads (as
+    a torch process keeps its own and CUDA's), faults 192 MiB of swapped memory in with
+    MADV_POPULATE_READ (a pin-path call whose length hostpin does not read, like the driver's
+    register without --size), then reads 128 MiB of its swapped memory in user space; swap-in at
+    16 MB/s. Counted from the whole VmSwap, each ETA is late by the swap its phase does not read
+    (the code before this test, with 128 MiB beside 160 MiB: the populate's first ETA +150%, no
+    ETA at 20%); from the region's swap (smaps: the VMAs being drained) each is within 10% at its
+    first ETA and at 20% of its work, and its basis names the region."""
+    cg, start = node
+    target = start("--size", "192MiB", "--swap-out", "192MiB", "--method", "populate", "--then-read", "128MiB",
+                   "--keep-swapped", "64MiB", "--guard")  # three VMAs (smaps tells VMAs apart, not pages)
+    swapped = int(target.expect("paged").split()[1])
+    _swap_out_and_throttle(cg)
+    watch = _watch(tmp_path, "--pid", str(target.proc.pid), "--json")
+    time.sleep(1.0)  # attached and sampling before the populate starts
+    target.say("go")
+    pinned = float(target.expect("pinned").split()[1])
+    read_s = float(target.expect("read").split()[1])
+    out, err = watch.communicate(timeout=90)
+    target.say("quit")
+    assert target.proc.wait(timeout=30) == 0
+    assert watch.returncode == 0 and "Traceback" not in err, err
+    res = json.loads(out)
+    assert swapped >= 360 << 20 and 8 < pinned < 30 and 5 < read_s < 25, (swapped, pinned, read_s)
+    kinds = [(p["kind"], p["bound"], p["outcome"]) for p in res["phases"]]
+    assert kinds == [("populate", "swap-in", "completed"), ("copy-from-swap", "swap-in", "completed")], kinds
+    for ph in res["phases"]:
+        first, at20 = ph["eta_first"], ph["eta_at_20pct"]
+        assert first is not None and at20 is not None, (ph["kind"], first, at20)
+        assert "of the region still in swap (smaps" in first["basis"], first
+        assert abs(ph["eta_first_error"]) <= 0.10 and abs(ph["eta_error"]) <= 0.10, (ph["kind"], first, at20,
+                                                                                    ph["seconds"])
+        assert 20.0 <= at20["work_pct"] < 50.0, at20
+    # outside each phase's region: what it did not read (the populate: the copy's 128 MiB and the 64 MiB
+    # no phase reads; the copy: those 64 MiB), which its ETA did not count
+    pin, copy = res["phases"]
+    assert (187 << 20) <= pin["figures"]["swap_outside_region_bytes"] <= (198 << 20), pin["figures"]
+    assert (60 << 20) <= copy["figures"]["swap_outside_region_bytes"] <= (68 << 20), copy["figures"]
+    assert any("did not count it" in n for n in copy["notes"]), copy["notes"]
+    # the per-region swap is in the timeline, for a replay
+    lines = [json.loads(line) for line in (Path(res["run_dir"]) / "timeline.jsonl").read_text().splitlines()]
+    readings = [p["smaps_swap"] for s in lines for p in s["procs"].values() if "vmas" in p.get("smaps_swap", {})]
+    assert len(readings) >= 4 and all(r["ms"] < 100 for r in readings), [r.get("ms") for r in readings]
+    assert res["watcher"]["smaps_reads"] == len(readings)

@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,7 +40,8 @@ PID_EVENTS = REQUIRED + (
 # kworker, out of the pid filter's sight (a file read's readahead under --read-rate)
 DEVICE_EVENTS = ("block/block_rq_complete", "block/block_rq_issue")
 OPTIONAL_EVENTS = ("nvidia/nvidia_dev_xid",)   # only where the NVIDIA driver is loaded
-CAP_BYTES = 64 << 20          # raw trace kept in the run, per instance; beyond it only counted
+CAP_BYTES = 64 << 20          # raw trace kept in the run from its start, per instance
+TAIL_BYTES = 8 << 20          # past CAP_BYTES, its last bytes (a ring in memory), kept as trace/NAME.tail.txt
 MAX_STACK_TIDS = 200          # the stack trigger's filter names at most this many threads
 # kernel stacks at sleeps, at most this many a second (the trigger re-armed every second): a
 # stack is 13 lines of text, most of the trace's cost; a sleep past the quota gets the cause of
@@ -114,6 +116,9 @@ class _Reader:
     parser: LineParser = field(default_factory=LineParser)
     pending: bytearray = field(default_factory=bytearray)
     tail: bytes = b""
+    ring: deque = field(default_factory=deque)   # past the cap: the last chunks, TAIL_BYTES and one chunk at most
+    ring_bytes: int = 0
+    tail_kept: int = 0
 
 
 class Tracer:
@@ -304,10 +309,17 @@ class Tracer:
                 break
             total += len(chunk)
             r.raw_bytes += len(chunk)
+            rest = chunk
             if r.kept_bytes < r.cap:
                 keep = chunk[: r.cap - r.kept_bytes]
                 r.pending += keep
                 r.kept_bytes += len(keep)
+                rest = chunk[len(keep):]
+            if rest:
+                r.ring.append(rest)
+                r.ring_bytes += len(rest)
+                while r.ring and r.ring_bytes - len(r.ring[0]) >= TAIL_BYTES:
+                    r.ring_bytes -= len(r.ring.popleft())
             data = r.tail + chunk
             cut = data.rfind(b"\n") + 1
             r.tail = data[cut:]
@@ -321,6 +333,28 @@ class Tracer:
         if r.pending:
             r.stream.write(bytes(r.pending))
             r.pending.clear()
+
+    def _write_tail(self, r: _Reader) -> None:
+        """Past the cap, the trace's last TAIL_BYTES (from a line's start) as trace/NAME.tail.txt,
+        after one line that says how much between the two files was read and not kept."""
+        if not r.ring:
+            return
+        data = b"".join(r.ring)[-TAIL_BYTES:]
+        if r.raw_bytes - r.kept_bytes > len(data):  # bytes left out before it: start at a line
+            nl = data.find(b"\n")
+            data = data[nl + 1:] if nl >= 0 else b""
+        gap = r.raw_bytes - r.kept_bytes - len(data)
+        rel = r.rel[:-len(".txt")] + ".tail.txt" if r.rel.endswith(".txt") else r.rel + ".tail"
+        try:
+            stream = self.run.open_stream(rel)
+            stream.write(f"# hostpin: the trace's last {len(data)} bytes; the {gap} bytes between "
+                         f"{r.rel} and here were read and counted, not kept\n".encode())
+            stream.write(data)
+            stream.close(kind="trace", source=str(r.inst.path / "trace_pipe"), tail_bytes=len(data),
+                         gap_bytes=gap, raw_bytes=r.raw_bytes)
+            r.tail_kept = len(data)
+        except (OSError, ValueError):
+            pass
 
     # -- end ---------------------------------------------------------------------------------
     def stop(self) -> dict[str, Any]:
@@ -357,6 +391,7 @@ class Tracer:
                                raw_bytes=r.raw_bytes, truncated=r.raw_bytes > r.kept_bytes)
             except (OSError, ValueError):
                 pass
+            self._write_tail(r)
         for inst in self.instances:
             err = inst.remove()
             if err:
@@ -377,7 +412,9 @@ class Tracer:
             "dropped_by_instance": overruns, "lost_lines_events": self.ledger.lost,
             "raw_bytes": sum(r.raw_bytes for r in self.readers),
             "kept_bytes": sum(r.kept_bytes for r in self.readers),
-            "files": [r.rel for r in self.readers], "threads": len(self.tids),
+            "tail_bytes": sum(r.tail_kept for r in self.readers),
+            "files": [r.rel for r in self.readers] + [r.rel[:-len(".txt")] + ".tail.txt" for r in self.readers
+                                                       if r.tail_kept], "threads": len(self.tids),
             "devices": sorted(self.devices), "xids": self.ledger.xids,
             "mounted_tracefs": self.mount.made, "left_mounted": self.mount.mounted_by_us, "cleanup_problems": problems,
             "unparsed_lines": sum(r.parser.unparsed for r in self.readers), "notes": self.notes,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..evidence import RunDir
 from ..exitcodes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEVALUATED
@@ -28,7 +28,8 @@ from .sampler import Sampler
 from .timeline import TimelineWriter, write_stacks
 from .traced import finish_trace, start_trace
 
-__all__ = ["WatchOptions", "watch_pid", "watch_outcome", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded"]
+__all__ = ["WatchOptions", "watch_pid", "watch_outcome", "Clock", "finish_result", "QUIET_AFTER_S", "nvidia_loaded",
+           "region_wants"]
 
 # --quiet-after's default: ten samples at the default interval, and 2.5 times the 2 s window
 # that rates are measured over. A loader's step between tensors (open the next file, parse a
@@ -102,12 +103,30 @@ def finish_result(result: WatchResult, book: PhaseBook, sampler: Sampler, clock:
     result.phases = sorted(book.results() + (load.results() if load is not None else []), key=lambda r: r.started_s)
     result.watched_s = round(clock.now(), 3)
     result.watcher = clock.cost(samples)
+    costs = sorted(sampler.smaps.costs_ms)
+    if costs:  # the per-VMA swap reads (diag.watch.smaps), in their own thread
+        result.watcher.update(smaps_reads=len(costs), smaps_ms_median=costs[len(costs) // 2], smaps_ms_max=costs[-1])
     result.unreadable = dict(sampler.problems)
     main = result.main_phase
     if main is not None:
         result.bound, result.bound_reason, result.catalog = main.bound, main.bound_reason, main.catalog
         result.remedy = remedy_for(main.bound, main.catalog)
     result.verdict = watch_verdict(result)
+
+
+def region_wants(book: PhaseBook, load: LoadBook | None, first: Iterable[int] = ()) -> dict[int, bool]:
+    """The processes whose per-VMA swap the next sample reads (diag.watch.smaps): those with a
+    phase open that swap-in bounds (the only ETA the region's swap makes), each with whether one of
+    its phases still waits for its region; `first`: the processes read once at the start (the
+    baseline a draining VMA is seen against). A pin that reads no swap costs no read."""
+    out = {int(pid): False for pid in first}
+    entries = list(book.open.values()) + (list(load.open.values()) if load is not None else [])
+    for ph, tr in entries:
+        swapin = tr.progress.get("bound") == "swap-in" or ph.kind == "copy-from-swap"
+        if tr.region is None or (tr.progress and not swapin):
+            continue  # (a phase not updated yet, begun on this sample, may be swap-in: it is read)
+        out[int(ph.pid)] = out.get(int(ph.pid), False) or tr.waits_for_region
+    return out
 
 
 def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[dict], None] | None = None,
@@ -147,7 +166,7 @@ def watch_pid(pid: int, opts: WatchOptions, run: RunDir, on_progress: Callable[[
     try:
         while outcome is None:
             t = clock.now()
-            s = sampler.sample(t, [pid], book.active_tids())
+            s = sampler.sample(t, [pid], book.active_tids(), region_wants(book, load, [pid] if not samples else ()))
             samples += 1
             started, ended = book.update(s)
             for ph in ended:

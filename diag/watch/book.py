@@ -131,8 +131,11 @@ def _result(ph: Phase, tr: Tracker, size_bytes: int | None, page: int, interval_
         r.eta_error = judged(r.eta_at_20pct, r.seconds, r.bound)
         r.eta_first_error = judged(r.eta_first, r.seconds, r.bound)
     left = (p.get("swap_pages_left") or 0) * page
-    if outcome == "completed" and r.bound == "swap-in" and left >= (1 << 20) and "still in swap" in str(
-            (r.eta_first or {}).get("basis")):
+    basis = str((r.eta_first or {}).get("basis"))
+    if outcome == "completed" and r.bound == "swap-in" and left >= (1 << 20) and "of the region" in basis:
+        r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after the pin: memory it "
+                       "did not cover, which its ETA did not count (the region's swap, from smaps)")
+    elif outcome == "completed" and r.bound == "swap-in" and left >= (1 << 20) and "still in swap" in basis:
         r.notes.append(f"{left / (1 << 20):,.0f} MiB of the process's memory stayed in swap after the pin: memory it "
                        "did not cover, which the VmSwap-based ETA counted (--size, or mlock's length, bounds it)")
     if outcome == "unknown":

@@ -27,7 +27,7 @@ from typing import Any
 from .. import catalog
 from .frames import BOUNDS, in_pin_path, stack_bound
 
-__all__ = ["BOUNDS", "catalog_for", "remedy_for", "signals", "stack_votes", "classify", "estimate_eta",
+__all__ = ["BOUNDS", "catalog_for", "remedy_for", "signals", "stack_votes", "classify", "estimate_eta", "swapin_rate",
            "busy_threads"]
 
 # more faults than this per page of progress is a fault loop, not a fault-in (one fault per
@@ -300,28 +300,59 @@ def classify(window: list[dict], progress_pages_s: float | None = None, last_fra
             "evidence": {"stack": stack, "votes": votes, "signals": sig}, "shared": shared}
 
 
+def swapin_rate(sig: dict[str, Any], page: int = 4096) -> tuple[float | None, str]:
+    """The process's swap-in rate over a window, in pages/s, and where it comes from.
+
+    Its own swap reads (read_bytes, which counts the reads it issues, readahead included) when it
+    shows them, at most pswpin system-wide (read_bytes counts its file reads too). Not the fall of
+    its VmSwap: a page read ahead waits in the swap cache and leaves VmSwap only when it is mapped,
+    so VmSwap falls slower than the device reads at first and faster later (the H200's register of
+    16 GiB with 3 GiB in swap at 48 MB/s: VmSwap fell 9,620 pages/s in the first second while the
+    reads ran at the throttle's 11,720 throughout, SwapCached growing 43 -> 156 MiB, and 14,962 at
+    the end). With zswap in play (no reads for its loads) or no read_bytes: VmSwap's fall."""
+    fall = sig["proc_swapin_pages_s"]
+    read = sig["proc_read_bytes_s"]
+    pswpin = sig["sys_swapin_pages_s"] - sig["sys_zswpin_pages_s"]
+    if read is not None and read > 0 and not sig["sys_zswpin_pages_s"] and pswpin > 0:
+        return round(min(read / page, pswpin), 1), "its swap reads"
+    if fall is not None:
+        return fall, "its VmSwap's fall"
+    return sig["sys_swapin_pages_s"], "pswpin system-wide"
+
+
 def estimate_eta(window: list[dict], done_pages: int | None, expected_pages: int | None, swap_left_pages: int | None,
                  clean_pages_s: float | None = None, progress_rate: float | None = None,
-                 pids=None, page: int = 4096) -> dict[str, Any]:
+                 pids=None, page: int = 4096, swap_of: str | None = None,
+                 whole_why: str = "no per-region swap in the samples", ahead_pages: int = 0) -> dict[str, Any]:
     """Seconds left, and how that figure was made. Pages still in swap come back at the
-    swap-in rate (the process's own, else system-wide); the rest pins at this node's clean
-    rate when it was measured, else is not counted (it is far faster). Without swap: the pages
-    left at the window's progress rate, which needs the total."""
+    swap-in rate (swapin_rate); the rest pins at this node's clean rate when it was measured,
+    else is not counted (it is far faster). Without swap: the pages left at the window's progress
+    rate, which needs the total. `swap_of`: whose swap `swap_left_pages` is, in words (the
+    region's, from smaps); None: the whole VmSwap, for the reason `whole_why`. `ahead_pages`: pages
+    the process has read from swap since the phase began that VmSwap has not lost yet (read ahead,
+    waiting in the swap cache): with a rate of swap reads, those need no read."""
     out: dict[str, Any] = {"eta_s": None, "eta_basis": None, "rate_pages_s": progress_rate,
                            "swapin_pages_s": None, "swap_pages_left": swap_left_pages}
     if len(window) < 2:
         return out
     sig = signals(window, page, pids)
-    # the process's own swap-in; system-wide only when the samples carry no VmSwap (shared
-    # memory's swap is not in VmSwap: its pages count below, as pages left at the pin's rate)
-    swapin = sig["proc_swapin_pages_s"] if sig["proc_swapin_pages_s"] is not None else sig["sys_swapin_pages_s"]
+    # shared memory's swap is not in VmSwap: its pages count below, as pages left at the pin's rate
+    swapin, rate_from = swapin_rate(sig, page)
     out["swapin_pages_s"] = swapin
+    if swap_of and swap_left_pages == 0:  # the region's swap is all back: what VmSwap still holds is not its
+        out["eta_s"] = 0.0
+        out["eta_basis"] = f"0 pages of the region still in swap ({swap_of})"
+        return out
     if swap_left_pages and swapin and swapin > 0:
         left = swap_left_pages if expected_pages is None or done_pages is None else \
             min(swap_left_pages, max(0, expected_pages - done_pages))
         rest = 0 if expected_pages is None or done_pages is None else max(0, expected_pages - done_pages - left)
-        out["eta_s"] = left / swapin + (rest / clean_pages_s if clean_pages_s else 0.0)
-        out["eta_basis"] = f"{left:,} pages still in swap at {swapin:,.0f} pages/s"
+        ahead = min(left, ahead_pages) if rate_from == "its swap reads" else 0
+        out["eta_s"] = (left - ahead) / swapin + (rest / clean_pages_s if clean_pages_s else 0.0)
+        where = f"of the region still in swap ({swap_of})" if swap_of else \
+            f"still in swap (the whole VmSwap: {whole_why})"
+        read = f", {ahead:,} of them read ahead" if ahead else ""
+        out["eta_basis"] = f"{left:,} pages {where}{read} at {swapin:,.0f} pages/s ({rate_from})"
         return out
     if expected_pages is None or done_pages is None:
         out["eta_basis"] = "ETA needs --size"

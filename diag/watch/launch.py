@@ -24,7 +24,7 @@ from ..evidence import RunDir
 from ..exitcodes import EXIT_CMD_NOT_EXECUTABLE, EXIT_CMD_NOT_FOUND
 from ..facts import node_facts
 from ..rootfs import Root
-from .attach import Clock, Stalls, WatchOptions, finish_result, load_progress, nvidia_loaded
+from .attach import Clock, Stalls, WatchOptions, finish_result, load_progress, nvidia_loaded, region_wants
 from .book import PhaseBook
 from .load import LoadBook
 from .render import heartbeat_line
@@ -142,7 +142,7 @@ def run_command(argv: list[str], opts: WatchOptions, run: RunDir, heartbeat: Cal
                 tree, tree_at = descendants(root, child.pid), t
                 if tracer is not None:
                     tracer.follow(tree)
-            s = sampler.sample(t, tree, book.active_tids())
+            s = sampler.sample(t, tree, book.active_tids(), region_wants(book, load))
             samples += 1
             started, ended = book.update(s)
             for ph in ended:

@@ -5,8 +5,10 @@ Per process it reads /proc/PID/status (VmRSS, VmSwap, RssAnon/RssFile/RssShmem, 
 /proc/PID/io (read_bytes) and every thread's /proc/PID/task/TID/stat (state, minor and major
 faults); for the threads that matter (those in a pin phase, the main thread, and a few busy
 ones in turn) also wchan, the kernel stack (root) and the system call with its arguments.
-None of these takes the mmap lock that pin_user_pages holds for the whole call; smaps, maps,
-cmdline and environ do, and are never read. Nothing is written and no signal is sent.
+None of these takes the mmap lock that pin_user_pages holds for the whole call; maps, cmdline
+and environ do, and are never read. smaps does too, and is read only by diag.watch.smaps, for a
+process in a phase, now and then, in a thread of its own that a sample waits on for at most
+50 ms (its per-VMA swap: the region a phase reads). Nothing is written and no signal is sent.
 System-wide: /proc/vmstat as deltas since the first sample, a few /proc/meminfo figures and
 memory PSI. Everything is read under a Root, like diag's readers.
 """
@@ -22,6 +24,7 @@ from ..psi import parse_psi
 from ..rootfs import Root
 from ..vmstat import WATCHED_PREFIXES, parse_vmstat
 from .frames import frame_module
+from .smaps import SmapsSwap
 
 __all__ = ["Sampler", "descendants", "VM_PREFIXES", "MEM_KEYS"]
 
@@ -96,6 +99,7 @@ class Sampler:
         self.problems: dict[str, str] = {}  # what could not be read, once per kind
         self.ended: dict[int, str] = {}     # processes seen dying or dead before they were reaped
         self._turn = 0
+        self.smaps = SmapsSwap(self.proc)
 
     def _note(self, what: str, why: str | None) -> None:
         if why and what not in self.problems:
@@ -181,10 +185,14 @@ class Sampler:
                         else "running"
                     if call.nr is not None and process.syscall_name(call.nr, self.machine) in ("mlock", "mlock2"):
                         th["syscall_len"] = call.args[1] if len(call.args) > 1 else None
+                        th["syscall_addr"] = call.args[0] if call.args else None
             out["threads"][tid] = th
         return out
 
-    def sample(self, t: float, pids: Iterable[int], must: dict[int, set[int]] | None = None) -> dict[str, Any]:
+    def sample(self, t: float, pids: Iterable[int], must: dict[int, set[int]] | None = None,
+               regions: dict[int, bool] | None = None) -> dict[str, Any]:
+        """`regions`: the processes whose per-VMA swap is wanted (diag.watch.smaps), each with
+        whether a phase of it waits for its region (read again sooner)."""
         self._turn += 1
         s = {"t": round(t, 3), **self.system(), "procs": {}}
         for pid in pids:
@@ -193,4 +201,13 @@ class Sampler:
                 s["procs"][pid] = p
             elif pid in self.ended:
                 s.setdefault("ended", {})[pid] = self.ended[pid]
+        if regions is not None:
+            s["regions"] = "smaps"
+            for pid, urgent in regions.items():
+                if pid in s["procs"]:
+                    reading = self.smaps.poll(pid, t, urgent)
+                    if reading is not None:
+                        s["procs"][pid]["smaps_swap"] = reading
+                    if reading and reading.get("error"):
+                        self._note("smaps", reading["error"])
         return s

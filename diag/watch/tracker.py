@@ -20,16 +20,25 @@ result keeps. Progress is counted on one basis:
 - ``read``: the process's read_bytes above its start (a load phase reading a file).
 - ``vm:COUNTER``: any counter of the samples' "vm" (a recorded timeline's own progress).
 
-An ETA comes from the phase it predicts, at that phase's rate: the pages still in VmSwap at
+An ETA comes from the phase it predicts, at that phase's rate: the pages still in swap at
 the swap-in rate only while the phase itself is bound by swap-in (a pinned allocation before
 a copy from swap must not be predicted from the copy's swap), else the pages left at the
-phase's own progress rate.
+phase's own progress rate. The pages in swap are the region's (diag.watch.regions: from the
+smaps readings in the samples), not the whole VmSwap, which also holds memory the phase never
+reads; a phase whose samples carry readings waits for its region up to regions.WAIT_S after
+swap-in first bound it, and one without counts the whole VmSwap and says so. The swap-in rate
+is the process's own swap reads (bounds.swapin_rate), not its VmSwap's fall, which readahead
+slows at first; pages read ahead are not counted again. The ETA "at 20%"
+is the first one given once 20% of the phase's own work is done: of the region's swap, else of
+the pages that were left when the phase was first seen (a pin attached at 82% of --size is at
+20% when a fifth of the other 18% is in).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from .bounds import catalog_for, classify, estimate_eta
+from .regions import WAIT_S, RegionSwap
 
 __all__ = ["Tracker", "progress_signature", "moved", "targets_sum", "judged"]
 
@@ -122,6 +131,9 @@ class Tracker:
         self._last_sig = None
         self.last_progress_t: float | None = None
         self._bases: dict[str, int] = {}
+        # the swap of the memory the phase reads (one process only: a tracker over a tree has none)
+        self.region = RegionSwap(next(iter(self.pids)), self.tids) if self.pids and len(self.pids) == 1 else None
+        self._swapin_since: float | None = None  # the first sample that swap-in bounded
 
     # -- the phase ---------------------------------------------------------------------------
     def begin(self, sample: dict, seen_start: bool = True) -> None:
@@ -149,6 +161,8 @@ class Tracker:
         self.done_hist = [(sample["t"], self._done(sample, None)[0])]
         self.last_progress_t = sample["t"]
         self._last_sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
+        if self.region is not None:
+            self.region.feed(sample)
 
     def end(self, sample: dict) -> None:
         self.t_end = sample["t"]
@@ -275,19 +289,39 @@ class Tracker:
             done, basis = self._done(sample, c["bound"])  # the basis the bound calls for, from this sample on
             self.done_hist.append((t, done))
             rate = self._rate(t)
-        swap_left = targets_sum(sample, "vm_swap", self.pids) // self.page
-        if len(inside) >= 2 and inside[-1]["t"] - inside[0]["t"] >= self.window_s / 2 - 1e-6:
+        vm_swap = targets_sum(sample, "vm_swap", self.pids)
+        swap_left = vm_swap // self.page
+        eta_left, swap_of, whole_why, waiting = swap_left, None, "no per-region swap in the samples", False
+        if self.region is not None:
+            self.region.feed(sample)
+            region_left = self.region.left_bytes(vm_swap)
+            if c["bound"] == "swap-in" and self._swapin_since is None:
+                self._swapin_since = t  # smaps is read for a phase that swap-in bounds: from then on
+            since = self._swapin_since if self._swapin_since is not None else t
+            if region_left is not None:
+                eta_left, swap_of = region_left // self.page, self.region.words()
+            elif self.region.seen_readings and t - since < WAIT_S:
+                waiting = True  # the region is known after two readings: an ETA from VmSwap would be late
+            elif self.region.seen_readings:
+                whole_why = f"the region's swap was not known {WAIT_S:g} s in"
+        if len(inside) >= 2 and inside[-1]["t"] - inside[0]["t"] >= self.window_s / 2 - 1e-6 and not (
+                waiting and c["bound"] == "swap-in"):
             # the pages still in swap predict this phase only while swap-in is what it waits on
-            eta = estimate_eta(inside, done, self.expected, swap_left if c["bound"] == "swap-in" else None,
-                               self.clean_pages_s, rate, self.pids, self.page)
+            eta = estimate_eta(inside, done, self.expected, eta_left if c["bound"] == "swap-in" else None,
+                               self.clean_pages_s, rate, self.pids, self.page, swap_of, whole_why,
+                               self._read_ahead(sample))
         else:  # one interval says little: disk throttles and readahead come in bursts
-            eta = {"eta_s": None, "eta_basis": None, "swapin_pages_s": None}
+            eta = {"eta_s": None, "eta_basis": "ETA waits for the region's swap (smaps)" if waiting else None,
+                   "swapin_pages_s": None}
         elapsed = t - self.t0
         pct = (min(100.0, 100.0 * done / self.expected) if self.expected and done is not None else None)
+        work = self._work_pct(sample, done, basis, eta_left if swap_of else None)
         prog = {"pinned_pages": done, "expected_pages": self.expected, "pct": pct, "basis": basis,
                 "rate_pages_s": rate, "eta_s": eta["eta_s"], "eta_basis": eta["eta_basis"],
                 "swapin_pages_s": eta["swapin_pages_s"], "swap_pages_left": swap_left, "bound": c["bound"],
                 "reason": c["reason"], "elapsed_s": round(elapsed, 3)}
+        if swap_of:
+            prog["region_swap_pages_left"] = eta_left
         if in_call and c["bound"] != "unknown" and len(window) >= 2:
             self.bound_counts[c["bound"]] = self.bound_counts.get(c["bound"], 0) + 1
             kept = self.bound_seen.setdefault(c["bound"], [])
@@ -305,9 +339,11 @@ class Tracker:
             self.eta_first = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": pct,
                               "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
                               "bound": c["bound"]}
-        if (in_call and self.eta_at_20 is None and pct is not None and pct >= 20.0 and done < self.expected
+        unfinished = eta_left > 0 if swap_of else (self.expected is not None and done < self.expected)
+        if (in_call and self.eta_at_20 is None and work is not None and work >= 20.0 and unfinished
                 and eta["eta_s"] is not None):
-            self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3), "pct": round(pct, 2),
+            self.eta_at_20 = {"at_s": round(elapsed, 3), "eta_s": round(eta["eta_s"], 3),
+                              "pct": round(pct, 2) if pct is not None else None, "work_pct": round(work, 2),
                               "predicted_total_s": round(elapsed + eta["eta_s"], 3), "basis": eta["eta_basis"],
                               "bound": c["bound"]}
         sig = progress_signature(sample, self.pids, pins=self.basis_wanted in ("pins", "auto"))
@@ -318,6 +354,42 @@ class Tracker:
         if self.t_end is not None and self.at_end is None:
             self.at_end = prog  # the first sample after the return: what the pin left (an undo may follow)
         return prog
+
+    @property
+    def waits_for_region(self) -> bool:
+        """Its region is not known yet and it still waits for it (diag.watch.smaps reads the process
+        sooner while it does; after WAIT_S of swap-in the ETA counts the whole VmSwap instead)."""
+        if self.region is None or self.region.known or not self.samples:
+            return False
+        return self._swapin_since is None or self.samples[-1]["t"] - self._swapin_since < WAIT_S
+
+    def _read_ahead(self, sample: dict) -> int:
+        """Pages read from swap since the phase's first sample that VmSwap has not lost yet (read
+        ahead into the swap cache), at most the node's SwapCached (read_bytes counts file reads too)."""
+        first = self._first_inside or self._first
+        if first is None or first is sample:
+            return 0
+        read = targets_sum(sample, "read_bytes", self.pids) - targets_sum(first, "read_bytes", self.pids)
+        fell = targets_sum(first, "vm_swap", self.pids) - targets_sum(sample, "vm_swap", self.pids)
+        cached = (sample.get("mem") or {}).get("SwapCached")
+        if cached is None:
+            return 0
+        return max(0, min((read - max(0, fell)) // self.page, cached // self.page))
+
+    def _work_pct(self, sample: dict, done: int | None, basis: str, region_left: int | None) -> float | None:
+        """How much of the phase's own work is done, in percent: of the region's swap at its first
+        reading (with the VmSwap lost before it), else of the pages left at the phase's first
+        sample (a phase attached to in the middle, or one whose total was mostly resident)."""
+        if region_left is not None and self.region is not None and self.region.total0:
+            before = max(0, self._bases.get("swap0", 0) - self.region.first["vm_swap"])  # lost before the reading
+            total = (self.region.total0 + before) // self.page
+            return 100.0 * max(0, total - region_left) / total if total > 0 else None
+        if not self.expected or done is None:
+            return None
+        done0 = self._done_for(self._first, basis) or 0
+        if done0 >= self.expected:
+            return None
+        return 100.0 * max(0, done - done0) / (self.expected - done0)
 
     def _rate(self, t: float) -> float | None:
         pts = [(x, d) for x, d in self.done_hist if x >= t - self.window_s - 1e-9 and d is not None
@@ -386,7 +458,10 @@ class Tracker:
         swapped_in = max(0, -d("vm_swap"))
         vm0, vm1 = first.get("vm") or {}, last.get("vm") or {}
         sys_swapin = sum(vm1.get(k, 0) - vm0.get(k, 0) for k in ("pswpin", "zswpin"))
-        return {"swap_at_start_bytes": targets_sum(first, "vm_swap", self.pids), "swapped_in_bytes": swapped_in,
+        region = self.region.summary() if self.region is not None else None
+        where = {"region_swap_at_start_bytes": region["swap_at_first_bytes"],
+                 "swap_outside_region_bytes": region["outside_bytes"], "region_from": region["from"]} if region else {}
+        return {**where, "swap_at_start_bytes": targets_sum(first, "vm_swap", self.pids), "swapped_in_bytes": swapped_in,
                 "swapin_pages_s": round(swapped_in / self.page / dt, 1), "system_swapin_pages": sys_swapin,
                 "system_swapin_pages_s": round(sys_swapin / dt, 1), "read_bytes": d("read_bytes"),
                 "resident_growth_bytes": d("vm_rss"), "shmem_growth_bytes": d("rss_shmem"),
