@@ -1052,6 +1052,29 @@ def test_recorded_register_eta_is_at_the_swap_read_rate_replays_h200():
             assert ph.eta_at_20pct is None  # no total, and no region to take one from
 
 
+def test_recorded_register_eta_from_the_regions_swap_replays_h200():
+    """The same H200 register (16 GiB tensor, 3 GiB of the process in swap at 48 MB/s, 297 MiB of it
+    outside the tensor) watched again after the region work (bench/gpu_watch_eta_region_swap.sh,
+    2026-12-02), its timeline holding the smaps readings. Replayed with and without --size: the
+    basis is the region's swap, the outside 300 MiB is named, and both ETAs are within 2% of the
+    58.0 s pin (the live watch: -0.12% and -0.11%). Taken out, the readings give the whole-VmSwap
+    ETA, late by the outside swap (about 6.5 s of 58)."""
+    result, samples = _recorded(FIXTURES / "h200-watch-register-swap-smaps")
+    assert [round(p["eta_first_error"], 4) for p in result["phases"]] == [-0.0012]  # what the watch said
+    readings = [p["smaps_swap"] for s in samples for p in s["procs"].values() if "vmas" in p.get("smaps_swap", {})]
+    assert len(readings) >= 5 and max(r["vma_count"] for r in readings) >= 500  # torch + CUDA: 545 VMAs
+    for size in (16 * GiB, None):
+        (ph,) = _replay_load(samples, size)
+        assert (ph.kind, ph.bound, ph.outcome) == ("register", "swap-in", "completed") and 57.5 <= ph.seconds <= 58.5
+        assert "of the region still in swap (smaps, 1 VMA draining)" in ph.eta_first["basis"], ph.eta_first
+        assert abs(ph.eta_first_error) <= 0.02 and abs(ph.eta_error) <= 0.02, (ph.eta_first_error, ph.eta_error)
+        assert ph.eta_at_20pct["work_pct"] >= 20.0
+        assert 280 << 20 <= ph.figures["swap_outside_region_bytes"] <= 320 << 20, ph.figures
+    (old,) = _replay_load(_strip_regions(samples), None)
+    assert "the whole VmSwap: no per-region swap in the samples" in old.eta_first["basis"]
+    assert 0.07 <= old.eta_first_error <= 0.14, old.eta_first_error
+
+
 def test_recorded_region_swap_replays_ci():
     """Recorded on the CI machine (tests/test_watch.py's region test, 2026-12-01): a process with
     64 MiB of swap that no phase reads faults 128 MiB in from swap with MADV_POPULATE_READ (no
