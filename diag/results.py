@@ -221,6 +221,9 @@ _STR_FIELDS = ("schema", "command", "status", "outcome", "verdict", "remedy", "m
 _INT_FIELDS = ("schema_version", "exit_code")
 _LIST_FIELDS = ("checks", "phases", "cases", "errors", "not_captured", "unrecorded", "catalog_predicted")
 _DICT_FIELDS = ("facts", "sides", "figures", "config", "plan")
+_COMMAND_OF_SCHEMA = {PreflightResult.SCHEMA: "preflight", ReproRegisterResult.SCHEMA: "repro register",
+                      StagingResult.SCHEMA: "repro staging", WatchResult.SCHEMA: "watch"}
+_NUMBER_MAX = 10 ** 20  # 21 digits and more: no byte count, page or nanosecond a run records (a float's range ends at 309)
 
 
 def result_shape_problem(data: dict[str, Any]) -> str | None:
@@ -253,11 +256,21 @@ def result_shape_problem(data: dict[str, Any]) -> str | None:
     for side, figures in (data.get("sides") or {}).items():
         if not isinstance(figures, dict):
             return f"sides.{side} is a {kind(figures)}, not an object"
+    for name, value in (data.get("facts") or {}).items():  # rendered as sizes by report and compare
+        if name.endswith("_bytes") and value is not None and (not isinstance(value, (int, float))
+                                                               or isinstance(value, bool)):
+            return f"facts.{name} is a {kind(value)}, not a number"
+    claimed = _COMMAND_OF_SCHEMA.get(data.get("schema"))
+    command = data.get("command")
+    if claimed and isinstance(command, str) and command != claimed and not command.startswith(claimed + " "):
+        return f"schema {data['schema']} is not a {command} result's"
     stack = [("", data)]
     while stack:  # iterative: a crafted result may be deep
         where, value = stack.pop()
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return f"{where or 'a value'} is {value!r}, not a number"
+        if isinstance(value, int) and not -_NUMBER_MAX < value < _NUMBER_MAX:
+            return f"{where or 'a value'} is a number of {len(str(abs(value)))} digits, past any figure a run records"
         if isinstance(value, dict):
             stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
         elif isinstance(value, list):
