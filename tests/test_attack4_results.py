@@ -108,3 +108,46 @@ def test_a_verdict_of_16_mib_in_one_word_renders_in_seconds(tmp_path):
     run = _forged(tmp_path, lambda d: d.update(verdict="A" * (16 << 20)))
     r = hostpin("report", str(run), "-o", str(tmp_path / "report.md"), timeout=45)
     assert r.returncode == 0, r.stderr
+
+
+TRACED = json.loads((FIXTURES / "ci-trace-swap-mlock" / "result.json").read_text())  # a real --trace budget
+
+
+def _budget(change):
+    def forge(doc):
+        doc["phases"] = json.loads(json.dumps(TRACED["phases"]))
+        change(doc["phases"][0]["time_budget"])
+    return forge
+
+
+@pytest.mark.parametrize("change, names", [
+    (lambda b: b["causes"].update(io="x"), "phases[0].time_budget.causes.io is a str"),
+    (lambda b: b.update(wall_s="x"), "phases[0].time_budget.wall_s is a str"),
+    (lambda b: b.update(explained="x"), "phases[0].time_budget.explained is a str"),
+    (lambda b: b.update(causes=[1]), "phases[0].time_budget.causes is a list"),
+    (lambda b: b.update(causes={f"c{i}": 1.0 for i in range(5000)}), "phases[0].time_budget.causes.c0 is no cause"),
+    (lambda b: b["io"].update(requests="x"), "phases[0].time_budget.io.requests is a str"),
+    (lambda b: b["io"].update(bytes="x"), "phases[0].time_budget.io.bytes is a str"),
+    (lambda b: b["io"].update(devices=5), "phases[0].time_budget.io.devices is an int"),
+    (lambda b: b.update(io=[1]), "phases[0].time_budget.io is a list"),
+    (lambda b: b["io"].update(request_latency=[1]), "phases[0].time_budget.io.request_latency is a list"),
+    (lambda b: b["io"]["request_latency"].update(histogram_ms=[[1], "x"]), "request_latency.histogram_ms is not"),
+    (lambda b: b.clear() or b.update(x=1) and None, None),
+], ids=["cause-text", "wall-text", "explained-text", "causes-list", "5000-causes", "requests-text", "bytes-text",
+        "devices-number", "io-list", "latency-list", "histogram-pairs", "empty-budget"])
+def test_a_damaged_time_budget_is_damage_naming_it(tmp_path, change, names):
+    """A --trace budget with a figure of the wrong type was an internal error from report (its table
+    or budget.png: "TypeError: unsupported operand type(s) for /", "IndexError" in the picture),
+    and 5000 causes no trace has took report 54 s to draw. A budget with no figures still renders."""
+    run = _forged(tmp_path, _budget(change))
+    if names is None:
+        r = hostpin("report", str(run), "-o", str(tmp_path / "report.md"), timeout=60)
+        assert r.returncode == 0 and "could not evaluate" not in r.stderr, r.stderr
+        return
+    _refused(tmp_path, run, names)
+
+
+def test_a_real_time_budget_still_renders(tmp_path):
+    run = _forged(tmp_path, _budget(lambda b: None))
+    r = hostpin("report", str(run), "--format", "text", timeout=60)
+    assert r.returncode == 0 and "Time budget (--trace)" in r.stdout, r.stderr
