@@ -223,6 +223,8 @@ _LIST_FIELDS = ("checks", "phases", "cases", "errors", "not_captured", "unrecord
 _DICT_FIELDS = ("facts", "sides", "figures", "config", "plan")
 _COMMAND_OF_SCHEMA = {PreflightResult.SCHEMA: "preflight", ReproRegisterResult.SCHEMA: "repro register",
                       StagingResult.SCHEMA: "repro staging", WatchResult.SCHEMA: "watch"}
+_PREFLIGHT_FIGURES = ("binding_bytes", "need_bytes", "margin_bytes", "predicted_pin_seconds", "swap_used_bytes",
+                      "swapin_pages_per_s", "free_huge_bytes", "page_size", "duration_s")
 _NUMBER_MAX = 10 ** 20  # 21 digits and more: no byte count, page or nanosecond a run records (a float's range ends at 309)
 
 
@@ -278,6 +280,17 @@ def result_shape_problem(data: dict[str, Any]) -> str | None:
     for name in _INT_FIELDS:
         if name in data and data[name] is not None and (not isinstance(data[name], int) or isinstance(data[name], bool)):
             return f"{name} is {_kind(data[name])}, not a whole number"
+    cls, version = _SCHEMAS.get(data.get("schema")), data.get("schema_version")
+    if cls is not None and isinstance(version, int) and not 1 <= version <= cls.SCHEMA_VERSION:
+        return (f"schema_version {version} of {cls.SCHEMA} is not one this hostpin reads (1 to {cls.SCHEMA_VERSION}"
+                + ("; a later hostpin wrote it)" if version > cls.SCHEMA_VERSION else ")"))
+    if cls is PreflightResult or data.get("command") == "preflight":
+        for name in _PREFLIGHT_FIGURES:  # quoted by compare and report as sizes, times and rates
+            if data.get(name) is not None and not _is_number(data[name]):
+                return f"{name} is {_kind(data[name])}, not a number"
+        for i, c in enumerate(data.get("checks") or []):
+            if isinstance(c, dict) and c.get("evidence") is not None and not isinstance(c["evidence"], dict):
+                return f"checks[{i}].evidence is {_kind(c['evidence'])}, not an object"
     for name in _LIST_FIELDS:
         if name in data and data[name] is not None and not isinstance(data[name], list):
             return f"{name} is {_kind(data[name])}, not a list"

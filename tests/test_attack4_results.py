@@ -151,3 +151,27 @@ def test_a_real_time_budget_still_renders(tmp_path):
     run = _forged(tmp_path, _budget(lambda b: None))
     r = hostpin("report", str(run), "--format", "text", timeout=60)
     assert r.returncode == 0 and "Time budget (--trace)" in r.stdout, r.stderr
+
+
+PREFLIGHT = FIXTURES / "ci-preflight"
+
+
+@pytest.mark.parametrize("change, names", [
+    (lambda d: d.update(binding_bytes="x"), "binding_bytes is a str, not a number"),
+    (lambda d: d.update(need_bytes=[1]), "need_bytes is a list, not a number"),
+    (lambda d: d["checks"][0].update(evidence=[1]), "checks[0].evidence is a list, not an object"),
+    (lambda d: d.update(schema="hostpin.preflight", schema_version=9), "schema_version 9 of hostpin.preflight"),
+    (lambda d: d.update(schema="hostpin.preflight", schema_version=0), "schema_version 0 of hostpin.preflight"),
+], ids=["binding-text", "need-list", "evidence-list", "version-9", "version-0"])
+def test_a_forged_preflight_result_is_damage_naming_the_field(tmp_path, change, names):
+    """compare quoted binding_bytes as a size ("TypeError: '<' not supported") and folded a check's
+    evidence as an object (an internal error); a later schema_version was read as this one."""
+    run = tmp_path / PREFLIGHT.name
+    shutil.copytree(PREFLIGHT, run)
+    doc = json.loads((run / "result.json").read_text())
+    change(doc)
+    (run / "result.json").write_text(json.dumps(doc))
+    for argv in (("report", str(run), "-o", str(tmp_path / "report.md")), ("compare", str(run), str(PREFLIGHT))):
+        r = hostpin(*argv, timeout=60)
+        assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, (argv[0], r.stderr)
+        assert names in r.stderr and "could not evaluate" not in r.stderr, (argv[0], r.stderr)
