@@ -225,6 +225,7 @@ _COMMAND_OF_SCHEMA = {PreflightResult.SCHEMA: "preflight", ReproRegisterResult.S
                       StagingResult.SCHEMA: "repro staging", WatchResult.SCHEMA: "watch"}
 _PREFLIGHT_FIGURES = ("binding_bytes", "need_bytes", "margin_bytes", "predicted_pin_seconds", "swap_used_bytes",
                       "swapin_pages_per_s", "free_huge_bytes", "page_size", "duration_s")
+_DEPTH_MAX = 64  # hostpin's own results nest 8 levels at most
 _NUMBER_MAX = 10 ** 20  # 21 digits and more: no byte count, page or nanosecond a run records (a float's range ends at 309)
 
 
@@ -323,17 +324,19 @@ def result_shape_problem(data: dict[str, Any]) -> str | None:
     command = data.get("command")
     if claimed and isinstance(command, str) and command != claimed and not command.startswith(claimed + " "):
         return f"schema {data['schema']} is not a {command} result's"
-    stack = [("", data)]
+    stack = [("", data, 0)]
     while stack:  # iterative: a crafted result may be deep
-        where, value = stack.pop()
+        where, value, depth = stack.pop()
+        if depth > _DEPTH_MAX:  # refused alike by every reader, whatever its own stack's depth when it parsed
+            return f"{where.partition('.')[0].partition('[')[0]} is nested deeper than a run ever writes ({_DEPTH_MAX} levels)"
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return f"{where or 'a value'} is {value!r}, not a number"
         if isinstance(value, int) and not -_NUMBER_MAX < value < _NUMBER_MAX:
             return f"{where or 'a value'} is a number of {len(str(abs(value)))} digits, past any figure a run records"
         if isinstance(value, dict):
-            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+            stack += [(f"{where}.{k}" if where else str(k), v, depth + 1) for k, v in value.items()]
         elif isinstance(value, list):
-            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+            stack += [(f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value)]
     if _result_class(data) is ReproRegisterResult:
         try:  # a typed result: every field as its type says
             ReproRegisterResult.from_dict(data)

@@ -175,3 +175,14 @@ def test_a_forged_preflight_result_is_damage_naming_the_field(tmp_path, change, 
         r = hostpin(*argv, timeout=60)
         assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, (argv[0], r.stderr)
         assert names in r.stderr and "could not evaluate" not in r.stderr, (argv[0], r.stderr)
+
+
+def test_a_result_nested_deep_is_damage_to_every_reader_alike(tmp_path):
+    """975 levels of objects in a result: report read it (exit 0) and compare, whose stack was
+    deeper when it parsed, called it nested too deep (exit 3). Past 64 levels (hostpin nests 8 at
+    most) it is damage to both; 500 here (what json.dumps writes from inside pytest)."""
+    deep: dict = {}
+    for _ in range(500):
+        deep = {"a": deep}
+    run = _forged(tmp_path, lambda d: d["options"].update(deep=deep))
+    _refused(tmp_path, run, "nested")
