@@ -260,7 +260,9 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
         result = None if too_long else json.loads(proc.stdout.decode(errors="replace") or "null")
     except json.JSONDecodeError:
         result = None
-    problem = f"more than {ANSWER_MAX:,} bytes without a newline; killed" if too_long else _garbled(result)
+    problem = _garbled(result)
+    if too_long:
+        problem = f"more than {ANSWER_MAX:,} bytes without a newline; killed"
     if problem:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
         result = {"status": "error", "devices": [],
