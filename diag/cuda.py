@@ -18,6 +18,7 @@ from typing import Any
 __all__ = ["probe_in_child", "probe_argv_env", "ProbeRun", "start_early", "take_early", "cancel_early", "probe", "error_name", "child_env", "ATTRIBUTES", "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 15.0
+ANSWER_MAX = 1 << 20  # the probe's answer is under 1 KiB a GPU: past this, without its newline, it is not one
 
 ATTRIBUTES = (
     "HOST_REGISTER_SUPPORTED",
@@ -234,10 +235,18 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
                 "stderr": (stderr or b"").decode(errors="replace"), "devices": [], "returncode": None}
     duration = round(time.monotonic() - t0, 3)
     parent_at = {"spawn": round(spawned, 4), "popen_returned": popen_returned, "read": round(time.time(), 4)}
-    if line.endswith(b"\n"):
+    too_long = not line.endswith(b"\n") and len(line) > ANSWER_MAX
+    if too_long:  # far more than any answer, and no end to it: not one; the child is stopped here
+        proc.kill()
+        stdout, stderr = line, proc.communicate()[1]
+    elif line.endswith(b"\n"):
         # the answer is whole: the child's exit (the driver closing its files, 0.1 s on the H200) is
         # not waited for; a thread reaps it, and what it wrote to stderr so far is kept
         stdout, stderr = line, _available(proc.stderr)
+        if not _REAPING:
+            import atexit
+            atexit.register(_kill_unreaped)
+        _REAPING.add(proc)
         threading.Thread(target=_reap, args=(proc,), name="cuda-probe-reap", daemon=True).start()
     else:  # it ended without a whole line: its exit status and all of stderr say why
         try:
@@ -248,10 +257,12 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
         stdout = line + (rest or b"")
     proc.stdout, proc.stderr = stdout, stderr  # read below as subprocess.run's result was
     try:
-        result = json.loads(proc.stdout.decode(errors="replace") or "null")
+        result = None if too_long else json.loads(proc.stdout.decode(errors="replace") or "null")
     except json.JSONDecodeError:
         result = None
     problem = _garbled(result)
+    if too_long:
+        problem = f"more than {ANSWER_MAX:,} bytes without a newline; killed"
     if problem:
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
         result = {"status": "error", "devices": [],
@@ -268,7 +279,7 @@ def probe_in_child(timeout: float = DEFAULT_TIMEOUT_S, started=None) -> dict[str
 
 def _first_line(proc, deadline: float) -> bytes | None:
     """What the child wrote to stdout up to its first newline or its end (EOF), or None if neither
-    came by the deadline (time.monotonic())."""
+    came by the deadline (time.monotonic()); past ANSWER_MAX bytes without a newline, those bytes."""
     import selectors
     fd = proc.stdout.fileno()
     buf = b""
@@ -284,6 +295,8 @@ def _first_line(proc, deadline: float) -> bytes | None:
             buf += chunk
             if b"\n" in chunk:
                 return buf[:buf.index(b"\n") + 1]
+            if len(buf) > ANSWER_MAX:
+                return buf
 
 
 def _available(pipe) -> bytes:
@@ -301,6 +314,9 @@ def _available(pipe) -> bytes:
     return out
 
 
+_REAPING: set = set()  # children that answered and are still exiting: killed when this process exits
+
+
 def _reap(proc) -> None:
     try:
         proc.wait(timeout=DEFAULT_TIMEOUT_S)
@@ -308,11 +324,24 @@ def _reap(proc) -> None:
         proc.kill()
         proc.wait()
     finally:
+        _REAPING.discard(proc)
         for pipe in (proc.stdout, proc.stderr):
             try:
                 pipe.close()
             except (OSError, AttributeError):
                 pass
+
+
+def _kill_unreaped() -> None:
+    """At exit: a child that answered but has not exited (a daemon reaper dies with this process,
+    and `hostpin snapshot` left such a child running for ever) is killed and waited for."""
+    for proc in list(_REAPING):
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(2.0)
+        except Exception:
+            pass
 
 
 class ProbeRun:

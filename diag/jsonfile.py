@@ -6,7 +6,8 @@ the one `--json` prints, written atomically: a temporary file in PATH's director
 with O_EXCL, so never through a link), fsynced, then renamed over PATH. A link at PATH is
 never followed nor replaced (the rules of -o: a pipe, a terminal or /dev/null is written
 through); a directory or device at PATH is refused, and so is a file in a hostpin run directory
-(its files are the run's evidence); the directory must exist (none is created).
+(its files are the run's evidence) and a gzip or tar archive (a bundle); the directory must exist
+(none is created).
 """
 from __future__ import annotations
 
@@ -62,7 +63,30 @@ def problem_with(path: Path) -> str | None:
         return exc.strerror or str(exc)
     if fd is not None:
         os.close(fd)
+        return None
+    if _is_archive(path):
+        return ("it is a gzip or tar archive (a bundle?), never replaced by a document: it may be a run's "
+                "evidence; give another name")
     return None
+
+
+def _is_archive(path: Path) -> bool:
+    """Whether the regular file at PATH is a gzip stream or a tar archive: a bundle named by a slip
+    of the tab key (`compare a.tar.gz b.tar.gz --json-file a.tar.gz`) was replaced by the document."""
+    import stat
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False  # a pipe, a terminal, /dev/null: written through, never read here
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # not there (or not readable: the write will say why)
+    try:
+        head = os.read(fd, 512) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
+    return head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar"
 
 
 def write_json_file(path: Path, text: str) -> Path:

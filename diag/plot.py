@@ -71,8 +71,8 @@ def timeline_png(samples: list[dict], path: Path | str, title: str = "", page_si
         ax.grid(True, alpha=0.3)
         if undo is not None:
             ax.axvline(undo, color="grey", linestyle="--", linewidth=0.8)
-    import textwrap
-    fig.suptitle("\n".join(textwrap.wrap(title or "hostpin pin timeline", 100)[:3]), fontsize=9)
+    import textwrap  # three lines of 100 are shown: only their text is wrapped (quadratic in a long word)
+    fig.suptitle("\n".join(textwrap.wrap((title or "hostpin pin timeline")[:400], 100)[:3]), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)
@@ -113,7 +113,7 @@ def budget_png(budget: dict, path: Path | str, title: str = "") -> Path:
     for ax in axes:
         ax.grid(True, alpha=0.3)
     import textwrap
-    fig.suptitle("\n".join(textwrap.wrap(title or "hostpin time budget (--trace)", 100)[:3]), fontsize=9)
+    fig.suptitle("\n".join(textwrap.wrap((title or "hostpin time budget (--trace)")[:400], 100)[:3]), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)

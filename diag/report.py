@@ -82,16 +82,21 @@ def _facts_table(run: Run, md: bool) -> str:
 
 def _plan_of(result: dict) -> str | None:
     o = result.get("options")
-    if not o:
-        return None
+    need = ("repeat", "bursts", "bytes", "direction") if o and "threads" in o else ("size", "method", "source", "map")
+    if not o or any(k not in o for k in need) or not isinstance(o.get("bytes", o.get("size")), int):
+        return None  # not the options hostpin records (a forged or older result): no plan line
     if "threads" in o:
         return f"{o['repeat']} repeats x {o['bursts']} bursts of {format_bytes(o['bytes'])} over {o['threads']} threads, {o['direction']}"
-    thp = {True: "on", False: "off"}.get(o.get("thp"), "policy default")
-    extra = "".join([f", chunk {format_bytes(o['chunk'])}" if o.get("chunk") else "",
-                     f", swap-out {format_bytes(o['swap_out'])}" if o.get("swap_out") else "",
-                     f", swap-in limited to {format_bytes(o['swap_in_rate'])}/s" if o.get("swap_in_rate") else ""])
+    thp = "on" if o.get("thp") is True else "off" if o.get("thp") is False else "policy default"
+    extra = "".join([f", chunk {format_bytes(o['chunk'])}" if _size(o.get("chunk")) else "",
+                     f", swap-out {format_bytes(o['swap_out'])}" if _size(o.get("swap_out")) else "",
+                     f", swap-in limited to {format_bytes(o['swap_in_rate'])}/s" if _size(o.get("swap_in_rate")) else ""])
     return (f"{o.get('ranks', 1)} x {format_bytes(o['size'])} by {o['method']} (source {o['source']}/{o['map']}, "
-            f"THP {thp}, prefault {o['prefault']}{extra})")
+            f"THP {thp}, prefault {o.get('prefault')}{extra})")
+
+
+def _size(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 def matrix_verdict(rows: list[dict], size: int) -> str:

@@ -164,6 +164,9 @@ class ReproRegisterResult(Result):
         version = data.get("schema_version") if data.get("schema") == cls.SCHEMA else 0
         if not isinstance(version, int) or isinstance(version, bool):
             raise ResultDamaged(f"schema_version is {_kind(version)}, not a whole number")
+        if data.get("schema") == cls.SCHEMA and not 1 <= version <= cls.SCHEMA_VERSION:
+            raise ResultDamaged(f"schema_version {version} is not one this hostpin reads (1 to {cls.SCHEMA_VERSION}"
+                                + ("; a later hostpin wrote it)" if version > cls.SCHEMA_VERSION else ")"))
         if "outcome" not in data:
             raise ResultDamaged("outcome is missing")
         result = _build(cls, {k: v for k, v in data.items() if k not in ("schema", "schema_version")}, "")

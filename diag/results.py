@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .reproresult import RankResult, ReproRegisterResult, ResultDamaged
+from .reproresult import RankResult, ReproRegisterResult, ResultDamaged, _kind
 from .resultbase import Result, result_dict, write_result
 from .watch.result import WatchResult
 
@@ -221,47 +221,122 @@ _STR_FIELDS = ("schema", "command", "status", "outcome", "verdict", "remedy", "m
 _INT_FIELDS = ("schema_version", "exit_code")
 _LIST_FIELDS = ("checks", "phases", "cases", "errors", "not_captured", "unrecorded", "catalog_predicted")
 _DICT_FIELDS = ("facts", "sides", "figures", "config", "plan")
+_COMMAND_OF_SCHEMA = {PreflightResult.SCHEMA: "preflight", ReproRegisterResult.SCHEMA: "repro register",
+                      StagingResult.SCHEMA: "repro staging", WatchResult.SCHEMA: "watch"}
+_PREFLIGHT_FIGURES = ("binding_bytes", "need_bytes", "margin_bytes", "predicted_pin_seconds", "swap_used_bytes",
+                      "swapin_pages_per_s", "free_huge_bytes", "page_size", "duration_s")
+_DEPTH_MAX = 64  # hostpin's own results nest 8 levels at most
+_NUMBER_MAX = 10 ** 20  # 21 digits and more: no byte count, page or nanosecond a run records (a float's range ends at 309)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _budget_problem(b: Any, where: str) -> str | None:
+    """What makes a --trace time budget (diag.trace.budget's) unreadable to report and its
+    picture, naming the field; None when it reads."""
+    from .trace.budget import CAUSES
+
+    if not isinstance(b, dict):
+        return f"{where} is {_kind(b)}, not an object"
+    causes = b.get("causes")
+    if causes is not None and not isinstance(causes, dict):
+        return f"{where}.causes is {_kind(causes)}, not an object"
+    for cause, seconds in (causes or {}).items():
+        if cause not in CAUSES:
+            return f"{where}.causes.{cause} is no cause a trace measures ({', '.join(CAUSES)})"
+        if not _is_number(seconds):
+            return f"{where}.causes.{cause} is {_kind(seconds)}, not a number"
+    io = b.get("io")
+    if io is not None and not isinstance(io, dict):
+        return f"{where}.io is {_kind(io)}, not an object"
+    figures = [(f"{where}.{k}", b.get(k)) for k in ("wall_s", "covered_s", "explained", "dropped", "inferred_s")]
+    figures += [(f"{where}.io.{k}", (io or {}).get(k)) for k in ("requests", "bytes", "bios", "sleeps")]
+    devices = (io or {}).get("devices")
+    if devices is not None and not isinstance(devices, (dict, list)):
+        return f"{where}.io.devices is {_kind(devices)}, not an object"
+    for name in ("request_latency", "sleep_latency"):
+        dist = (io or {}).get(name)
+        if dist is None:
+            continue
+        if not isinstance(dist, dict):
+            return f"{where}.io.{name} is {_kind(dist)}, not an object"
+        hist = dist.get("histogram_ms")
+        if hist is not None and not (isinstance(hist, list) and all(
+                isinstance(h, list) and len(h) == 2 and all(map(_is_number, h)) for h in hist)):
+            return f"{where}.io.{name}.histogram_ms is not a list of [ms, count] pairs"
+    for name, value in figures:
+        if value is not None and not _is_number(value):
+            return f"{name} is {_kind(value)}, not a number"
+    return None
 
 
 def result_shape_problem(data: dict[str, Any]) -> str | None:
     """What makes a recorded result unreadable as one, naming the field; None when it reads.
     Numbers must be finite (hostpin never writes NaN), the rendered fields must have their types."""
-    def kind(v):
-        return "null" if v is None else type(v).__name__
     for name in _STR_FIELDS:
         if name in data and data[name] is not None and not isinstance(data[name], str):
-            return f"{name} is a {kind(data[name])}, not a string"
+            return f"{name} is {_kind(data[name])}, not a string"
     for name in _INT_FIELDS:
         if name in data and data[name] is not None and (not isinstance(data[name], int) or isinstance(data[name], bool)):
-            return f"{name} is a {kind(data[name])}, not a whole number"
+            return f"{name} is {_kind(data[name])}, not a whole number"
+    cls, version = _SCHEMAS.get(data.get("schema")), data.get("schema_version")
+    if cls is not None and isinstance(version, int) and not 1 <= version <= cls.SCHEMA_VERSION:
+        return (f"schema_version {version} of {cls.SCHEMA} is not one this hostpin reads (1 to {cls.SCHEMA_VERSION}"
+                + ("; a later hostpin wrote it)" if version > cls.SCHEMA_VERSION else ")"))
+    if cls is PreflightResult or data.get("command") == "preflight":
+        for name in _PREFLIGHT_FIGURES:  # quoted by compare and report as sizes, times and rates
+            if data.get(name) is not None and not _is_number(data[name]):
+                return f"{name} is {_kind(data[name])}, not a number"
+        for i, c in enumerate(data.get("checks") or []):
+            if isinstance(c, dict) and c.get("evidence") is not None and not isinstance(c["evidence"], dict):
+                return f"checks[{i}].evidence is {_kind(c['evidence'])}, not an object"
     for name in _LIST_FIELDS:
         if name in data and data[name] is not None and not isinstance(data[name], list):
-            return f"{name} is a {kind(data[name])}, not a list"
+            return f"{name} is {_kind(data[name])}, not a list"
     for name in _DICT_FIELDS:
         if name in data and data[name] is not None and not isinstance(data[name], dict):
-            return f"{name} is a {kind(data[name])}, not an object"
+            return f"{name} is {_kind(data[name])}, not an object"
     for i, c in enumerate(data.get("checks") or []):
         if not isinstance(c, dict) or not isinstance(c.get("id"), str) or not isinstance(c.get("status"), str):
             return f"checks[{i}] is not a check (an object with a string id and status)"
     for name in ("phases", "cases"):
         for i, item in enumerate(data.get(name) or []):
             if not isinstance(item, dict):
-                return f"{name}[{i}] is a {kind(item)}, not an object"
+                return f"{name}[{i}] is {_kind(item)}, not an object"
+    for i, item in enumerate(data.get("phases") or []):
+        if item.get("time_budget") is not None:
+            problem = _budget_problem(item["time_budget"], f"phases[{i}].time_budget")
+            if problem:
+                return problem
     for i, item in enumerate(data.get("unrecorded") or []):
         if not isinstance(item, str):
-            return f"unrecorded[{i}] is a {kind(item)}, not a path"
+            return f"unrecorded[{i}] is {_kind(item)}, not a path"
     for side, figures in (data.get("sides") or {}).items():
         if not isinstance(figures, dict):
-            return f"sides.{side} is a {kind(figures)}, not an object"
-    stack = [("", data)]
+            return f"sides.{side} is {_kind(figures)}, not an object"
+    for name, value in (data.get("facts") or {}).items():  # rendered as sizes by report and compare
+        if name.endswith("_bytes") and value is not None and (not isinstance(value, (int, float))
+                                                               or isinstance(value, bool)):
+            return f"facts.{name} is {_kind(value)}, not a number"
+    claimed = _COMMAND_OF_SCHEMA.get(data.get("schema"))
+    command = data.get("command")
+    if claimed and isinstance(command, str) and command != claimed and not command.startswith(claimed + " "):
+        return f"schema {data['schema']} is not a {command} result's"
+    stack = [("", data, 0)]
     while stack:  # iterative: a crafted result may be deep
-        where, value = stack.pop()
+        where, value, depth = stack.pop()
+        if depth > _DEPTH_MAX:  # refused alike by every reader, whatever its own stack's depth when it parsed
+            return f"{where.partition('.')[0].partition('[')[0]} is nested deeper than a run ever writes ({_DEPTH_MAX} levels)"
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return f"{where or 'a value'} is {value!r}, not a number"
+        if isinstance(value, int) and not -_NUMBER_MAX < value < _NUMBER_MAX:
+            return f"{where or 'a value'} is a number of {len(str(abs(value)))} digits, past any figure a run records"
         if isinstance(value, dict):
-            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+            stack += [(f"{where}.{k}" if where else str(k), v, depth + 1) for k, v in value.items()]
         elif isinstance(value, list):
-            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+            stack += [(f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value)]
     if _result_class(data) is ReproRegisterResult:
         try:  # a typed result: every field as its type says
             ReproRegisterResult.from_dict(data)

@@ -334,6 +334,9 @@ def _read_result(d: Dir, manifest: dict, partial: bool, problems: list[str], nam
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
         command = command_of(manifest.get("command"), name)  # what Run.command says when the result does not
+        claimed = value.get("command")
+        if command and isinstance(claimed, str) and claimed != command and not claimed.startswith(command + " "):
+            raise ValueError(f"damaged: it is a {claimed} result in a {command} run")  # --matrix: 'repro register --matrix'
         shape = result_shape_problem(value if "command" in value or not command else dict(value, command=command))
         if shape:  # every command that reads a run refuses the same result, naming the field
             raise ValueError(f"damaged: {shape}")

@@ -299,9 +299,10 @@ def _json_error(argv: list[str], message: str, exit_code: int) -> None:
 @json_option
 @json_errors("repro cleanup")
 def cleanup_cmd(dry_run, as_json):
-    """Remove swap files, cgroups (with their read throttles), /dev/shm files and unpacked
-    bundles left by hostpin runs that were killed (their owner's pid, in each name, no longer
-    runs). What a running run holds is left alone.
+    """Remove swap files, cgroups (with their read throttles), /dev/shm files, unpacked
+    bundles and --trace's tracefs instances (and the tracefs it mounted) left by hostpin runs
+    that were killed (their owner's pid, in each name, no longer runs). What a running run holds
+    is left alone.
 
     Exit code 0: nothing of a killed run is left (or --dry-run); 3: something could not be
     removed (named, with why).

@@ -35,4 +35,4 @@ def leftovers(ctx: Context) -> Verdict:
         return Verdict(PASS, "nothing left by killed runs; hostpin runs going now (pid "
                        + ", ".join(map(str, running)) + ") hold " + "; ".join(x.describe() for x in found[:3]),
                        evidence=ev)
-    return Verdict(PASS, "no hostpin swap file, cgroup, throttle or /dev/shm file on this node", evidence=ev)
+    return Verdict(PASS, "no hostpin swap file, cgroup, throttle, /dev/shm file or tracefs instance on this node", evidence=ev)

@@ -221,7 +221,8 @@ def device(ctx: Context) -> Verdict:
         if not plan.uses_gpu:
             return Verdict(SKIP, f"{msg} (not needed for --method mlock)", evidence=ev)
         return Verdict(FAIL, f"CUDA: {msg}",
-                       "install the NVIDIA driver and cuda-python matching it, and check that the GPU is visible "
+                       "install the NVIDIA driver and cuda-bindings matching it (README: Installing it as a tool), and check "
+                       "that the GPU is visible "
                        "(nvidia-smi; CUDA_VISIBLE_DEVICES)", ev)
     fails, warns, notes, parts = [], [], [], []
     for dev in ctx.cuda["devices"]:
