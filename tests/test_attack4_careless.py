@@ -55,8 +55,6 @@ def test_json_file_naming_the_bundle_being_compared_keeps_the_bundle(tmp_path):
         assert r.returncode == 0 and len(json.loads(doc.read_text())["runs"]) == 2, r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="diag/cli.py report(): -o is checked against a run directory only, "
-                                       "not against the bundle being read (fix belongs to the CLI split)")
 def test_report_o_naming_the_bundle_being_read_keeps_the_bundle(tmp_path):
     """`hostpin report ranks2.tar.gz -o ranks2.tar.gz` replaced the bundle with its report (exit 0)."""
     bundle = _bundle(tmp_path)

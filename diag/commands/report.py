@@ -110,6 +110,10 @@ def report(run_path, fmt, output, no_picture, max_size, max_files):
             raise click.BadParameter(f"{output} is inside the run being read ({run_path}), whose files are its "
                                      "evidence; write the report elsewhere (a run of yours keeps report.md anyway)",
                                      param_hint="'-o'")
+        if (output is not None and run.from_bundle and os.path.lexists(output) and os.path.exists(run.source)
+                and os.path.samefile(output, run.source)):
+            raise click.BadParameter(f"{output} is the bundle being read; write the report elsewhere",
+                                     param_hint="'-o'")
         keep_in_run = not run.from_bundle and _owns(run.path)
         picture = None
         with evaluating(run_path):
