@@ -143,7 +143,7 @@ class _Bin:
 
 class _Thread:
     __slots__ = ("last", "on_cpu", "sleep_cause", "off_at", "windows", "bins", "last_cause", "stacked", "dead",
-                 "woken")
+                 "woken", "from_start")
 
     def __init__(self):
         self.last: float | None = None     # the time up to which this thread's time is accounted
@@ -156,6 +156,7 @@ class _Thread:
         self.stacked = False                 # the current sleep has a stack of its own
         self.dead = False                    # it exited (its last switch-out had state X or Z)
         self.woken = False                   # woken, and not yet seen on a CPU (runnable)
+        self.from_start = False              # watched before the trace's first event
 
 
 class Ledger:
@@ -170,6 +171,7 @@ class Ledger:
         self.dev_bins: dict[int, _Bin] = {}           # read requests on the traced devices, any process's
         self.xids: list[dict] = []
         self.lost = 0
+        self.first_ts: float | None = None            # the trace's first event: where it began
         self.events = 0
         self._lock = threading.Lock()
 
@@ -193,8 +195,6 @@ class Ledger:
             return None, False
         if th.on_cpu:
             return "cpu", False
-        if th.woken:
-            return "runqueue", False
         if th.sleep_cause is None and not th.stacked and th.last_cause:
             return th.last_cause, True
         return th.sleep_cause or "other", False
@@ -229,7 +229,8 @@ class Ledger:
         with self._lock:
             for tid in tids:
                 if tid > 0 and tid not in self.threads:
-                    self.threads[tid] = _Thread()
+                    th = self.threads[tid] = _Thread()
+                    th.from_start = self.first_ts is None
 
     def feed(self, ev: Event) -> None:
         with self._lock:
@@ -267,26 +268,39 @@ class Ledger:
         if n == "lost":
             self.lost += ev.args.get("n", 0)
             return
+        if self.first_ts is None:
+            self.first_ts = ev.ts
         own = self.threads.get(ev.pid) if n != "stack" else None
+        if own is not None and own.on_cpu is None and own.last is None and own.from_start:
+            # its first sign is an event of its own, with no wakeup before it: it has been on a CPU
+            # since the trace began (a switch out of it would have been recorded, in its context)
+            own.last, own.on_cpu = self.first_ts, True
         if own is not None and own.on_cpu is False and not own.dead:
             # an event in the thread's own context: it is on a CPU. The pid filter does not record
-            # a switch from the idle task to it (6.18 on the H200 and CI), so the time since its
-            # wakeup, or since it was preempted where no switch back was recorded (an idle CPU
-            # took it), is taken as on-CPU and counted apart (`unseen_s`); with neither, it is on a
-            # CPU from this event on.
-            if own.woken or own.sleep_cause == "runqueue":
-                own.on_cpu, own.woken = True, False
+            # a switch from the idle task to it (6.18 on the H200 and CI), so the time up to this
+            # event since it was woken, or preempted, is counted apart as `unseen_s`, under the
+            # term /proc's CPU times bore out: after a wakeup the sleep's own cause (a throttled
+            # mlock on CI had 0.92 s of such time where /proc gave the thread 0.30 s of CPU in
+            # all; taken as runqueue it varied 0.9-4.8 s from run to run), after a preemption
+            # `cpu` (the H200's prefaulted 47 GiB register was preempted by kworkers and ran on:
+            # /proc counted it on a CPU for all of its 1.6 s).
+            if own.woken:
+                self._advance(own, ev.ts, unseen=True)
+            elif own.sleep_cause == "runqueue":
+                own.on_cpu = True
                 self._advance(own, ev.ts, unseen=True)
             else:
                 self._advance(own, ev.ts)
-                own.on_cpu = True
+            own.on_cpu, own.woken = True, False
             own.sleep_cause, own.off_at = None, None
         if n == "sched_switch":
             prev, nxt = ev.args["prev"], ev.args["next"]
             if prev in self.threads:
                 th = self.threads[prev]
+                # _advance never moves th.last back: events of two CPUs can cross (trace_pipe merges
+                # the rings by time within a read, not across reads); setting it to ev.ts here did,
+                # and counted the time between twice (io 34.9 s of a 22.5 s phase on the H200)
                 self._advance(th, ev.ts)
-                th.last = ev.ts
                 th.on_cpu = False
                 preempted = ev.args["state"].startswith("R")
                 th.sleep_cause = "runqueue" if preempted else None
@@ -298,7 +312,6 @@ class Ledger:
             if nxt in self.threads:
                 th = self.threads[nxt]
                 self._advance(th, ev.ts)
-                th.last = ev.ts
                 th.on_cpu, th.sleep_cause, th.off_at, th.woken = True, None, None, False
                 if prev not in self.threads:
                     self._bin(th, ev.ts).events["sched_switch"] += 1
