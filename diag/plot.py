@@ -71,13 +71,7 @@ def timeline_png(samples: list[dict], path: Path | str, title: str = "", page_si
         ax.grid(True, alpha=0.3)
         if undo is not None:
             ax.axvline(undo, color="grey", linestyle="--", linewidth=0.8)
-    import textwrap  # three lines of 100 are shown: only their text is wrapped (quadratic in a long word)
-    fig.suptitle("\n".join(textwrap.wrap((title or "hostpin pin timeline")[:400], 100)[:3]), fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, title or "hostpin pin timeline", path)
 
 
 def budget_png(budget: dict, path: Path | str, title: str = "") -> Path:
@@ -112,8 +106,14 @@ def budget_png(budget: dict, path: Path | str, title: str = "") -> Path:
         axes[1].legend()
     for ax in axes:
         ax.grid(True, alpha=0.3)
+    return _save(plt, fig, title or "hostpin time budget (--trace)", path)
+
+
+def _save(plt, fig, title: str, path: Path | str) -> Path:
+    """The title (three lines of 100 are shown: only their text is wrapped, which is quadratic in a
+    long word), then the PNG at path."""
     import textwrap
-    fig.suptitle("\n".join(textwrap.wrap((title or "hostpin time budget (--trace)")[:400], 100)[:3]), fontsize=9)
+    fig.suptitle("\n".join(textwrap.wrap(title[:400], 100)[:3]), fontsize=9)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=90)

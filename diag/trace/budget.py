@@ -401,6 +401,16 @@ class Ledger:
                 self._advance(th, t)
 
     # -- out --------------------------------------------------------------------------------
+    def _overlap(self, bins: dict[int, _Bin], start: float, end: float) -> Iterable[tuple[_Bin, float]]:
+        """The bins over [start, end] with the share of each that lies inside it (0 at an edge)."""
+        if end <= start:
+            return
+        for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1):
+            b = bins.get(i)
+            if b is not None:
+                lo, hi = i * self.bin_s, (i + 1) * self.bin_s
+                yield b, max(0.0, min(hi, end) - max(lo, start)) / self.bin_s
+
     def budget(self, tid: int, start: float, end: float, dropped: int = 0) -> dict[str, Any]:
         """The time budget of thread tid over [start, end] (the trace's clock)."""
         wall = max(0.0, end - start)
@@ -413,12 +423,7 @@ class Ledger:
             th = self.threads.get(tid)
             bins = dict(th.bins) if th else {}
             dev_bins = dict(self.dev_bins)
-        for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1 if wall else 0):
-            b = bins.get(i)
-            if b is None:
-                continue
-            lo, hi = i * self.bin_s, (i + 1) * self.bin_s
-            w = max(0.0, min(hi, end) - max(lo, start)) / self.bin_s
+        for b, w in self._overlap(bins, start, end):
             if w <= 0:
                 continue
             for k in range(len(CAUSES)):
@@ -442,12 +447,7 @@ class Ledger:
             drq = _Dist()
             dreq = dbytes = 0.0
             ddev: dict[str, float] = defaultdict(float)
-            for i in range(int(start / self.bin_s), int(end / self.bin_s) + 1 if wall else 0):
-                b = dev_bins.get(i)
-                if b is None:
-                    continue
-                lo, hi = i * self.bin_s, (i + 1) * self.bin_s
-                w = max(0.0, min(hi, end) - max(lo, start)) / self.bin_s
+            for b, w in self._overlap(dev_bins, start, end):
                 dreq += b.requests * w
                 dbytes += b.bytes * w
                 for d, c in b.devices.items():
